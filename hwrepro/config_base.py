@@ -1,0 +1,48 @@
+"""Defaults shared by every experiment config: seed, numerics, data, training loop.
+
+Config files in `configs/` start from `base_config(experiment)` and add their model fields, so every
+experiment has the same numerics controls and the same record-keeping fields. No JAX import here: configs
+are read before numerics are applied.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+
+def numerics_config() -> ml_collections.ConfigDict:
+    """The numerics controls (see hwrepro.numerics for what each one changes and how it is applied)."""
+    n = ml_collections.ConfigDict()
+    n.platform = "cpu"            # cpu | gpu
+    n.threads = 0                 # CPU cores the training process may use; 0 = all it is allowed now
+    n.precision = "fp32"          # compute (activation) dtype: fp32 | bf16
+    n.param_dtype = "fp32"        # parameter storage dtype: fp32 | bf16
+    n.matmul_precision = "default"  # jax_default_matmul_precision: default | high | highest
+    n.cpu_max_isa = ""            # XLA --xla_cpu_max_isa cap: "" (none) | SSE4_2 | AVX | AVX2 | AVX512
+    n.fast_math = False           # XLA --xla_cpu_enable_fast_math
+    n.gpu_deterministic = False   # XLA --xla_gpu_deterministic_ops (the analogue of cuDNN determinism)
+    n.gpu_autotune = True         # False sets --xla_gpu_autotune_level=0
+    n.xla_flags = ""              # extra raw XLA flags, appended last
+    return n
+
+
+def base_config(experiment: str) -> ml_collections.ConfigDict:
+    """A config with the fields every experiment has; `experiment` names a module in hwrepro.experiments."""
+    c = ml_collections.ConfigDict()
+    c.experiment = experiment
+    c.name = experiment           # used for the default workdir runs/<name>-<time>
+    c.seed = 0
+    c.numerics = numerics_config()
+
+    c.data = ml_collections.ConfigDict()
+    c.data.source = "auto"        # auto: real data when found under data.dir, else the synthetic stand-in
+    c.data.dir = ""
+
+    c.train = ml_collections.ConfigDict()
+    c.train.batch_size = 128
+    c.train.num_epochs = 1
+    c.train.num_steps = 0         # > 0 overrides num_epochs
+    c.train.learning_rate = 1e-3
+    c.train.log_every = 50        # steps between metrics.jsonl lines
+    c.train.eval_every = 0        # steps between evaluations; 0 = only at the end
+    return c

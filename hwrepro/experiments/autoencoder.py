@@ -1,0 +1,75 @@
+"""The study's plain MNIST autoencoder: train with optax Adam, report test reconstruction loss."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from flax.training import train_state
+
+from hwrepro import numerics
+from hwrepro.data import mnist
+from hwrepro.errors import ConfigError
+from hwrepro.models.autoencoder import Autoencoder, reconstruction_loss
+from hwrepro.records import Run
+from hwrepro.train_loop import fit
+
+
+def validate(config: ml_collections.ConfigDict) -> None:
+    sizes = list(config.model.encoder_sizes)
+    if not sizes or any(not isinstance(n, int) or n <= 0 for n in sizes):
+        raise ConfigError(f"model.encoder_sizes={sizes} must be a non-empty list of positive integers")
+    if config.data.source not in ("auto", "idx", "tfds", "synthetic"):
+        raise ConfigError(f"data.source={config.data.source!r} is not one of auto, idx, tfds, synthetic")
+
+
+def make_model(config: ml_collections.ConfigDict) -> Autoencoder:
+    return Autoencoder(encoder_sizes=tuple(config.model.encoder_sizes),
+                       dtype=numerics.jnp_dtype(config.numerics.precision),
+                       param_dtype=numerics.jnp_dtype(config.numerics.param_dtype))
+
+
+def create_state(config: ml_collections.ConfigDict, key: jax.Array) -> train_state.TrainState:
+    model = make_model(config)
+    params = model.init(key, jnp.zeros((1, 784), jnp.float32))["params"]
+    return train_state.TrainState.create(apply_fn=model.apply, params=params,
+                                         tx=optax.adam(config.train.learning_rate))
+
+
+def loss_fn(params: Any, apply_fn, x: jax.Array) -> jax.Array:
+    return reconstruction_loss(apply_fn({"params": params}, x), x)
+
+
+@jax.jit
+def _eval_loss(state: train_state.TrainState, images: jax.Array) -> jax.Array:
+    return loss_fn(state.params, state.apply_fn, images)
+
+
+def _train_step(state: train_state.TrainState, x: jax.Array):
+    loss, grads = jax.value_and_grad(loss_fn)(state.params, state.apply_fn, x)
+    return state.apply_gradients(grads=grads), {"loss": loss}
+
+
+train_step = jax.jit(_train_step, donate_argnums=0)
+
+
+def run(config: ml_collections.ConfigDict, rec: Run):
+    splits = mnist.load(config.data.source, config.data.dir, config.data.seed)
+    rec.note_data(splits.source, num_train=len(splits.train_images), num_test=len(splits.test_images))
+    steps_per_epoch = len(splits.train_images) // config.train.batch_size
+    num_steps = config.train.num_steps or config.train.num_epochs * steps_per_epoch
+    init_key, order_seed = jax.random.split(jax.random.key(config.seed))
+    state = create_state(config, init_key)
+    test_x = jnp.asarray(splits.test_images.reshape(len(splits.test_images), -1), jnp.float32) / 255.0
+    batches = mnist.batches(splits.train_images, config.train.batch_size,
+                            seed=int(jax.random.randint(order_seed, (), 0, 2**31 - 1)))
+    state = fit(state, train_step, batches, num_steps=num_steps, examples_per_step=config.train.batch_size,
+                rec=rec, log_every=config.train.log_every, steps_per_epoch=steps_per_epoch,
+                eval_fn=lambda s: {"loss": _eval_loss(s, test_x)}, eval_every=config.train.eval_every)
+    test_loss = float(_eval_loss(state, test_x))
+    rec.print(f"test reconstruction loss (binary cross-entropy per pixel): {test_loss:.6f}")
+    return {"test_loss": test_loss, "steps": num_steps, "epochs": num_steps / steps_per_epoch}, state.params

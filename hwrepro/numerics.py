@@ -1,0 +1,117 @@
+"""Numerics controls, decided once per training process, before JAX initialises.
+
+XLA reads XLA_FLAGS and the platform list when its backend starts, and its CPU thread pool is sized from the
+process's CPU affinity at that moment; none of these can be changed afterwards. So `apply_before_jax` runs
+before the first `import jax` of the training process (the runner starts a subprocess when JAX is already
+imported), and `apply_after_jax` sets the few options JAX lets us change at run time. `applied()` reads back
+what actually took effect, for run.json.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Mapping
+
+from hwrepro.errors import ConfigError, PlatformUnavailable
+
+PLATFORMS = ("cpu", "gpu")
+DTYPES = ("fp32", "bf16")
+MATMUL_PRECISIONS = ("default", "high", "highest")
+CPU_ISAS = ("", "SSE4_2", "AVX", "AVX2", "AVX512")
+_THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def validate(n: Mapping[str, Any]) -> None:
+    """Raises ConfigError naming the first numerics field with an invalid value."""
+    def check(field, allowed):
+        if n[field] not in allowed:
+            raise ConfigError(f"numerics.{field}={n[field]!r} is not one of {', '.join(map(repr, allowed))}")
+    check("platform", PLATFORMS)
+    check("precision", DTYPES)
+    check("param_dtype", DTYPES)
+    check("matmul_precision", MATMUL_PRECISIONS)
+    check("cpu_max_isa", CPU_ISAS)
+    available = len(os.sched_getaffinity(0))
+    if not 0 <= n["threads"] <= available:
+        raise ConfigError(f"numerics.threads={n['threads']} must be between 0 (all) and {available}, "
+                          "the cores this process may use")
+
+
+def xla_flags(n: Mapping[str, Any], inherited: str = "") -> str:
+    """XLA_FLAGS for these numerics; our flags come after `inherited` so they win on conflict."""
+    flags = inherited.split()
+    if n["cpu_max_isa"]:
+        flags.append(f"--xla_cpu_max_isa={n['cpu_max_isa']}")
+    flags.append(f"--xla_cpu_enable_fast_math={str(bool(n['fast_math'])).lower()}")
+    if n["threads"] == 1:
+        flags.append("--xla_cpu_multi_thread_eigen=false")
+    if n["platform"] == "gpu":
+        flags.append(f"--xla_gpu_deterministic_ops={str(bool(n['gpu_deterministic'])).lower()}")
+        if not n["gpu_autotune"]:
+            flags.append("--xla_gpu_autotune_level=0")
+    flags.extend(n["xla_flags"].split())
+    return " ".join(flags)
+
+
+def environment(n: Mapping[str, Any], base: Mapping[str, str]) -> dict[str, str]:
+    """The environment a training subprocess needs for these numerics (XLA_FLAGS, platform, threads)."""
+    env = dict(base)
+    env["XLA_FLAGS"] = xla_flags(n, base.get("XLA_FLAGS", ""))
+    env["JAX_PLATFORMS"] = "cuda" if n["platform"] == "gpu" else "cpu"
+    if n["threads"]:
+        for name in _THREAD_ENV:
+            env[name] = str(n["threads"])
+    return env
+
+
+def apply_before_jax(n: Mapping[str, Any]) -> None:
+    """Sets XLA_FLAGS, JAX_PLATFORMS, thread variables and CPU affinity in this process.
+
+    Raises RuntimeError if JAX is already imported: the flags would silently not apply.
+    """
+    if "jax" in sys.modules:
+        raise RuntimeError("numerics must be applied before JAX is imported; run the experiment in a subprocess")
+    os.environ.update(environment(n, os.environ))
+    if n["threads"]:
+        cores = sorted(os.sched_getaffinity(0))[: n["threads"]]
+        os.sched_setaffinity(0, cores)
+
+
+def apply_after_jax(n: Mapping[str, Any]) -> None:
+    """Sets JAX's run-time options and checks that the requested platform is really there."""
+    import jax
+
+    jax.config.update("jax_default_matmul_precision",
+                      None if n["matmul_precision"] == "default" else n["matmul_precision"])
+    try:
+        backend = jax.default_backend()
+    except RuntimeError as e:
+        raise PlatformUnavailable(f"numerics.platform={n['platform']!r} is not available here ({e})") from None
+    if backend != n["platform"]:
+        raise PlatformUnavailable(f"numerics.platform={n['platform']!r} but JAX runs on {backend!r}")
+
+
+def jnp_dtype(name: str):
+    """The jnp dtype for a numerics dtype name ('fp32' or 'bf16')."""
+    import jax.numpy as jnp
+
+    return {"fp32": jnp.float32, "bf16": jnp.bfloat16}[name]
+
+
+def applied() -> dict[str, Any]:
+    """What took effect in this process, read back from the OS and JAX (call after apply_after_jax)."""
+    import jax
+
+    devices = jax.devices()
+    return {
+        "backend": jax.default_backend(),
+        "devices": [str(d) for d in devices],
+        "device_kind": devices[0].device_kind,
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "jax_platforms": os.environ.get("JAX_PLATFORMS", ""),
+        "cpu_affinity": sorted(os.sched_getaffinity(0)),
+        "thread_env": {k: os.environ[k] for k in _THREAD_ENV if k in os.environ},
+        "jax_default_matmul_precision": jax.config.jax_default_matmul_precision,
+        "jax_enable_x64": bool(jax.config.jax_enable_x64),
+    }

@@ -1,0 +1,103 @@
+"""The training loop every experiment shares: steps, metric logging, evaluation, progress.
+
+The loop only synchronises with the device on logging steps: step metrics are summed on the device in
+between, so JAX's asynchronous dispatch keeps the host ahead of the computation.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, Callable, Iterator
+
+import jax
+import jax.numpy as jnp
+
+from hwrepro.records import Run
+
+
+def format_seconds(s: float) -> str:
+    s = int(round(s))
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+
+
+class Progress:
+    """One status line (steps/s, ETA, latest metrics): rewritten in place on a terminal, otherwise printed
+    at most every `interval` seconds so logs stay readable."""
+
+    def __init__(self, total: int, label: str, interval: float = 10.0, stream=None):
+        self.total, self.label = total, label
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty()
+        self.interval = 0.5 if self.tty else interval
+        self.t0 = time.time()
+        self.last_print = -float("inf")
+
+    def update(self, step: int, force: bool = False, **shown: float) -> None:
+        now = time.time()
+        if not force and now - self.last_print < self.interval:
+            return
+        self.last_print = now
+        elapsed = now - self.t0
+        rate = step / elapsed if elapsed > 0 else 0.0
+        eta = (self.total - step) / rate if rate > 0 else 0.0
+        fields = " ".join(f"{k} {v:.4g}" for k, v in shown.items())
+        line = (f"[{self.label}] step {step}/{self.total} ({100 * step / self.total:.0f}%) "
+                f"{rate:.1f} steps/s ETA {format_seconds(eta)} {fields}")
+        if self.tty:
+            self.stream.write("\r" + line.ljust(100) + ("\n" if step >= self.total else ""))
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+
+def _add(acc, metrics):
+    return jax.tree_util.tree_map(jnp.add, acc, metrics)
+
+
+_add_jit = jax.jit(_add, donate_argnums=0)
+
+
+def fit(state: Any,
+        train_step: Callable[[Any, Any], tuple[Any, dict]],
+        batches: Iterator[Any],
+        *,
+        num_steps: int,
+        examples_per_step: int,
+        rec: Run,
+        log_every: int = 50,
+        steps_per_epoch: int | None = None,
+        eval_fn: Callable[[Any], dict] | None = None,
+        eval_every: int = 0,
+        after_step: Callable[[int, Any], Any] | None = None,
+        label: str | None = None) -> Any:
+    """Runs `num_steps` of `train_step(state, batch) -> (state, metrics)` and returns the final state.
+
+    Every `log_every` steps (and at the last step) writes one metrics.jsonl line: step, epoch, the mean of
+    each step metric since the previous line, examples/s over that window. `eval_fn(state) -> dict` runs every
+    `eval_every` steps (0: only at the end) and its values join that line (prefixed `eval_`).
+    `after_step(step, state) -> state` is for host-side schedules (e.g. SLIDE's table rebuilds).
+    """
+    progress = Progress(num_steps, label or rec.info.get("name") or "train")
+    window_start, window_steps, acc = time.time(), 0, None
+    for step in range(1, num_steps + 1):
+        state, metrics = train_step(state, next(batches))
+        if after_step is not None:
+            state = after_step(step, state)
+        acc = metrics if acc is None else _add_jit(acc, metrics)
+        window_steps += 1
+        last = step == num_steps
+        if step % log_every == 0 or last:
+            means = {k: float(v) / window_steps for k, v in jax.device_get(acc).items()}
+            elapsed = time.time() - window_start
+            row = dict(means)
+            if steps_per_epoch:
+                row["epoch"] = step / steps_per_epoch
+            row["examples_per_s"] = window_steps * examples_per_step / max(elapsed, 1e-9)
+            if eval_fn is not None and (last or (eval_every and step % eval_every == 0)):
+                row.update({f"eval_{k}": v for k, v in eval_fn(state).items()})
+            rec.log(step, **row)
+            shown = {k: v for k, v in row.items() if k in ("loss", "epoch") or k.startswith("eval_")}
+            progress.update(step, force=last, **shown)
+            window_start, window_steps, acc = time.time(), 0, None
+    return state
