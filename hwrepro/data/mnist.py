@@ -75,11 +75,11 @@ def load_idx(folder: Path) -> ImageSplits | None:
     paths = {split: [_find(folder, n) for n in names] for split, names in IDX_FILES.items()}
     if not any(p for ps in paths.values() for p in ps):
         return None
+    missing = [n for split, ps in paths.items() for n, p in zip(IDX_FILES[split], ps) if p is None]
+    if missing:
+        raise DataError(f"{folder}: MNIST IDX files incomplete, missing {', '.join(missing)} (or .gz)")
     arrays = {}
     for split, (img_path, lbl_path) in paths.items():
-        if img_path is None or lbl_path is None:
-            missing = [n for n, p in zip(IDX_FILES[split], (img_path, lbl_path)) if p is None]
-            raise DataError(f"{folder}: MNIST IDX files incomplete, missing {', '.join(missing)}[.gz]")
         images = read_idx(img_path, _IDX_IMAGES_MAGIC)
         labels = read_idx(lbl_path, _IDX_LABELS_MAGIC)
         if images.ndim != 3 or images.shape[1:] != (28, 28):
@@ -94,15 +94,13 @@ def load_tfds(data_dir: str | None) -> ImageSplits:
     """MNIST through `tfds.data_source` (random access, no TensorFlow needed, never downloads)."""
     import tensorflow_datasets as tfds
 
-    try:
-        sources = tfds.data_source("mnist", data_dir=data_dir or None, download=False)
-    except Exception as e:  # TFDS raises several types for "not prepared"
-        raise DataError(f"TFDS mnist not found in {data_dir or 'the default TFDS data dir'} ({e}); "
-                        "prepare it with `tfds build mnist` or use data.source=synthetic") from None
-
     def split(name):
-        source = sources[name]
-        items = source.__getitems__(range(len(source)))
+        try:
+            source = tfds.data_source("mnist", split=name, data_dir=data_dir or None, download=False)
+        except Exception as e:  # TFDS raises several types for "not prepared"
+            raise DataError(f"TFDS mnist not found in {data_dir or 'the default TFDS data dir'} ({e}); "
+                            "prepare it with `tfds build mnist` or use data.source=synthetic") from None
+        items = [source[i] for i in range(len(source))]
         images = np.stack([np.asarray(it["image"]).reshape(28, 28) for it in items]).astype(np.uint8)
         labels = np.asarray([int(it["label"]) for it in items], dtype=np.int32)
         return images, labels
