@@ -45,4 +45,6 @@ def base_config(experiment: str) -> ml_collections.ConfigDict:
     c.train.learning_rate = 1e-3
     c.train.log_every = 50        # steps between metrics.jsonl lines
     c.train.eval_every = 0        # steps between evaluations; 0 = only at the end
+    c.train.checkpoints = 0       # evenly spaced checkpoints: parameters kept in trajectory.npz
+    c.train.hessian_iters = 0     # > 0: Lanczos iterations for Hessian extreme eigenvalues at checkpoints
     return c

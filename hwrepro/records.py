@@ -5,6 +5,7 @@
 - metrics.jsonl one JSON object per logged step
 - final.json    final metrics, wall time, param_sha256
 - log.txt       the human-readable log (what was printed)
+- trajectory.npz parameters at checkpoints (only when train.checkpoints > 0)
 
 JSON files are replaced atomically (temp file + rename), so a run killed at any moment leaves either the old
 or the new file, never half of one. Importing this module does not import JAX.
@@ -141,6 +142,7 @@ class Run:
         self.info = run_info
         self.quiet = quiet
         self.t0 = time.time()
+        self._trajectory: dict[int, np.ndarray] = {}
         self._metrics = open(self.workdir / "metrics.jsonl", "a", buffering=1)
         self._log = open(self.workdir / "log.txt", "a", buffering=1)
 
@@ -221,7 +223,23 @@ class Run:
         row.update({k: _scalar(v) for k, v in scalars.items()})
         self._metrics.write(json.dumps(row, default=_json_default) + "\n")
 
+    def save_params(self, step: int, params: Any) -> None:
+        """Keeps a float32 copy of the flattened parameters at `step`; written to trajectory.npz (steps
+        [k], params [k, P]) when the run finishes, for comparing runs' paths through parameter space."""
+        from jax.flatten_util import ravel_pytree
+
+        self._trajectory[int(step)] = np.asarray(ravel_pytree(params)[0], dtype=np.float32)
+
+    def _write_trajectory(self) -> None:
+        if not self._trajectory:
+            return
+        steps = sorted(self._trajectory)
+        tmp = self.workdir / f".trajectory.tmp{os.getpid()}.npz"
+        np.savez(tmp, steps=np.asarray(steps), params=np.stack([self._trajectory[s] for s in steps]))
+        os.replace(tmp, self.workdir / "trajectory.npz")
+
     def finish(self, final_metrics: dict[str, Any], params: Any) -> dict[str, Any]:
+        self._write_trajectory()
         final = {k: _scalar(v) for k, v in final_metrics.items()}
         final["wall_seconds"] = round(self.seconds(), 3)
         final["param_sha256"] = param_sha256(params)

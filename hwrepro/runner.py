@@ -41,7 +41,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     for field in ("batch_size", "log_every"):
         if t[field] <= 0:
             raise ConfigError(f"train.{field}={t[field]} must be positive")
-    for field in ("num_epochs", "num_steps", "eval_every"):
+    for field in ("num_epochs", "num_steps", "eval_every", "checkpoints", "hessian_iters"):
         if t[field] < 0:
             raise ConfigError(f"train.{field}={t[field]} must not be negative")
     if t.num_epochs == 0 and t.num_steps == 0:

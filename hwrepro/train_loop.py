@@ -70,6 +70,8 @@ def fit(state: Any,
         eval_fn: Callable[[Any], dict] | None = None,
         eval_every: int = 0,
         after_step: Callable[[int, Any], Any] | None = None,
+        checkpoint_every: int = 0,
+        checkpoint_fn: Callable[[int, Any], dict] | None = None,
         label: str | None = None) -> Any:
     """Runs `num_steps` of `train_step(state, batch) -> (state, metrics)` and returns the final state.
 
@@ -77,6 +79,8 @@ def fit(state: Any,
     each step metric since the previous line, examples/s over that window. `eval_fn(state) -> dict` runs every
     `eval_every` steps (0: only at the end) and its values join that line (prefixed `eval_`).
     `after_step(step, state) -> state` is for host-side schedules (e.g. SLIDE's table rebuilds).
+    `checkpoint_fn(step, state) -> dict` runs every `checkpoint_every` steps (and at the last step when
+    checkpoint_every > 0); it forces a metrics line and its values join it (see `checkpointer`).
     """
     progress = Progress(num_steps, label or rec.info.get("name") or "train")
     window_start, window_steps, acc = time.time(), 0, None
@@ -87,7 +91,9 @@ def fit(state: Any,
         acc = metrics if acc is None else _add_jit(acc, metrics)
         window_steps += 1
         last = step == num_steps
-        if step % log_every == 0 or last:
+        checkpoint = checkpoint_fn is not None and checkpoint_every > 0 and (
+            step % checkpoint_every == 0 or last)
+        if step % log_every == 0 or last or checkpoint:
             means = {k: float(v) / window_steps for k, v in jax.device_get(acc).items()}
             elapsed = time.time() - window_start
             row = dict(means)
@@ -96,8 +102,29 @@ def fit(state: Any,
             row["examples_per_s"] = window_steps * examples_per_step / max(elapsed, 1e-9)
             if eval_fn is not None and (last or (eval_every and step % eval_every == 0)):
                 row.update({f"eval_{k}": v for k, v in eval_fn(state).items()})
+            if checkpoint:
+                row.update(checkpoint_fn(step, state))
             rec.log(step, **row)
             shown = {k: v for k, v in row.items() if k in ("loss", "epoch") or k.startswith("eval_")}
             progress.update(step, force=last, **shown)
             window_start, window_steps, acc = time.time(), 0, None
     return state
+
+
+def checkpointer(rec: Run, params_of: Callable[[Any], Any], *, loss_fn: Callable | None = None,
+                 probe_batch: Any = None, hessian_iters: int = 0, key: jax.Array | None = None
+                 ) -> Callable[[int, Any], dict]:
+    """A `checkpoint_fn` for `fit`: keeps the parameters (for the sweep report's divergence analysis) and,
+    with `hessian_iters` > 0, estimates the extreme Hessian eigenvalues of `loss_fn(params, probe_batch)` by
+    Lanczos (the saddle-point diagnostic), on the same fixed batch and start vector at every checkpoint."""
+    from hwrepro.hessian import extreme_eigenvalues
+
+    def at_checkpoint(step: int, state: Any) -> dict:
+        params = params_of(state)
+        rec.save_params(step, params)
+        if not hessian_iters:
+            return {}
+        largest, smallest = extreme_eigenvalues(loss_fn, params, probe_batch, key, hessian_iters)
+        return {"hessian_max": float(largest), "hessian_min": float(smallest)}
+
+    return at_checkpoint

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -16,7 +17,7 @@ from hwrepro.data import mnist
 from hwrepro.errors import ConfigError
 from hwrepro.models.autoencoder import Autoencoder, reconstruction_loss
 from hwrepro.records import Run
-from hwrepro.train_loop import fit
+from hwrepro.train_loop import checkpointer, fit
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
@@ -40,17 +41,17 @@ def create_state(config: ml_collections.ConfigDict, key: jax.Array) -> train_sta
                                          tx=optax.adam(config.train.learning_rate))
 
 
-def loss_fn(params: Any, apply_fn, x: jax.Array) -> jax.Array:
+def loss_fn(params: Any, x: jax.Array, apply_fn) -> jax.Array:
     return reconstruction_loss(apply_fn({"params": params}, x), x)
 
 
 @jax.jit
 def _eval_loss(state: train_state.TrainState, images: jax.Array) -> jax.Array:
-    return loss_fn(state.params, state.apply_fn, images)
+    return loss_fn(state.params, images, state.apply_fn)
 
 
 def _train_step(state: train_state.TrainState, x: jax.Array):
-    loss, grads = jax.value_and_grad(loss_fn)(state.params, state.apply_fn, x)
+    loss, grads = jax.value_and_grad(loss_fn)(state.params, x, state.apply_fn)
     return state.apply_gradients(grads=grads), {"loss": loss}
 
 
@@ -67,9 +68,15 @@ def run(config: ml_collections.ConfigDict, rec: Run):
     test_x = jnp.asarray(splits.test_images.reshape(len(splits.test_images), -1), jnp.float32) / 255.0
     batches = mnist.batches(splits.train_images, config.train.batch_size,
                             seed=int(jax.random.randint(order_seed, (), 0, 2**31 - 1)))
+    probe = jnp.asarray(splits.train_images[:512].reshape(512, -1), jnp.float32) / 255.0
+    at_checkpoint = checkpointer(rec, lambda s: s.params, loss_fn=functools.partial(loss_fn, apply_fn=state.apply_fn),
+                                 probe_batch=probe, hessian_iters=config.train.hessian_iters,
+                                 key=jax.random.key(config.data.seed))
     state = fit(state, train_step, batches, num_steps=num_steps, examples_per_step=config.train.batch_size,
                 rec=rec, log_every=config.train.log_every, steps_per_epoch=steps_per_epoch,
-                eval_fn=lambda s: {"loss": _eval_loss(s, test_x)}, eval_every=config.train.eval_every)
+                eval_fn=lambda s: {"loss": _eval_loss(s, test_x)}, eval_every=config.train.eval_every,
+                checkpoint_every=num_steps // config.train.checkpoints if config.train.checkpoints else 0,
+                checkpoint_fn=at_checkpoint)
     test_loss = float(_eval_loss(state, test_x))
     rec.print(f"test reconstruction loss (binary cross-entropy per pixel): {test_loss:.6f}")
     return {"test_loss": test_loss, "steps": num_steps, "epochs": num_steps / steps_per_epoch}, state.params
