@@ -1,0 +1,167 @@
+"""Statistics for comparing groups of runs (numpy/scipy only, no JAX).
+
+A hardware study compares, say, the final losses of five seeds on one machine with five on another. The
+groups are small and their variances differ, so the test is Welch's t-test (no equal-variance assumption) and
+the size of the difference is reported as Cohen's d with Hedges' small-sample correction. Deterministic runs
+can give identical values, i.e. zero variance: then the t statistic and p-value do not exist, and the
+functions here say so in a warning string instead of returning a silent nan.
+
+Runs that produced bit-identical parameters (same `param_sha256` in final.json) are grouped with
+`group_by_hash`, the most direct reproducibility measure there is.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping, NamedTuple, Sequence
+
+import numpy as np
+from scipy import special
+from scipy import stats as scipy_stats
+
+MIN_GROUP_SIZE = 3  # below this a variance estimate, and so any test, is too unreliable to trust
+
+
+class Summary(NamedTuple):
+    """Summary of one group of values; std uses ddof=1 (nan when n < 2), the rest are nan when n = 0."""
+    n: int
+    mean: float
+    std: float
+    min: float
+    max: float
+
+
+class Welch(NamedTuple):
+    """Welch's t-test of mean(a) - mean(b): t, Welch-Satterthwaite degrees of freedom, two-sided p.
+
+    t, df and p are nan exactly when `warnings` says they are undefined.
+    """
+    t: float
+    df: float
+    p: float
+    warnings: tuple[str, ...]
+
+
+class EffectSize(NamedTuple):
+    """Standardised mean difference (mean(a) - mean(b)) / pooled std, and its small-sample correction."""
+    cohens_d: float
+    hedges_g: float
+    warnings: tuple[str, ...]
+
+
+class Comparison(NamedTuple):
+    """Everything a report row needs about two groups; `warnings` collects those of the parts."""
+    a: Summary
+    b: Summary
+    welch: Welch
+    effect: EffectSize
+    warnings: tuple[str, ...]
+
+
+def _as_values(values: Sequence[float], name: str) -> np.ndarray:
+    """Values as a float64 vector; raises ValueError if they are not one-dimensional."""
+    x = np.asarray(values, dtype=np.float64)
+    if x.ndim != 1:
+        raise ValueError(f"group {name}: expected a 1-D sequence of numbers, got shape {x.shape}")
+    return x
+
+
+def summarize(values: Sequence[float]) -> Summary:
+    """n, mean, std (ddof=1), min and max of a group of numbers."""
+    x = _as_values(values, "values")
+    n = int(x.size)
+    if n == 0:
+        return Summary(0, math.nan, math.nan, math.nan, math.nan)
+    std = float(np.std(x, ddof=1)) if n >= 2 else math.nan
+    return Summary(n, float(np.mean(x)), std, float(np.min(x)), float(np.max(x)))
+
+
+def group_warnings(a: Sequence[float], b: Sequence[float]) -> tuple[str, ...]:
+    """Warnings about two groups that make a comparison unreliable or undefined (empty tuple if none)."""
+    out = []
+    for name, values in (("a", a), ("b", b)):
+        x = _as_values(values, name)
+        if x.size < MIN_GROUP_SIZE:
+            out.append(f"group {name} has {x.size} value(s), fewer than {MIN_GROUP_SIZE}: "
+                       "its variance estimate is unreliable" + (" (undefined below 2)" if x.size < 2 else ""))
+        if not np.all(np.isfinite(x)):
+            out.append(f"group {name} contains non-finite values (nan or inf)")
+    return tuple(out)
+
+
+def welch_ttest(a: Sequence[float], b: Sequence[float]) -> Welch:
+    """Welch's unequal-variance t-test of the difference mean(a) - mean(b).
+
+    t = (mean_a - mean_b) / sqrt(va + vb) with va = s_a^2 / n_a, and the Welch-Satterthwaite degrees of
+    freedom df = (va + vb)^2 / (va^2 / (n_a - 1) + vb^2 / (n_b - 1)); p = 2 * P(T_df > |t|).
+    """
+    x, y = _as_values(a, "a"), _as_values(b, "b")
+    warnings = list(group_warnings(x, y))
+    if x.size < 2 or y.size < 2:
+        warnings.append("t-test undefined: each group needs at least 2 values for a variance; t, df, p are nan")
+        return Welch(math.nan, math.nan, math.nan, tuple(warnings))
+    va = np.var(x, ddof=1) / x.size
+    vb = np.var(y, ddof=1) / y.size
+    diff = float(np.mean(x) - np.mean(y))
+    if va + vb == 0.0:
+        how = "the means are equal" if diff == 0.0 else f"the means differ by {diff:.6g}"
+        warnings.append(f"p undefined: both groups have zero variance ({how}); t, df, p are nan")
+        return Welch(math.nan, math.nan, math.nan, tuple(warnings))
+    t = diff / math.sqrt(va + vb)
+    df = (va + vb) ** 2 / (va ** 2 / (x.size - 1) + vb ** 2 / (y.size - 1))
+    p = 2.0 * scipy_stats.t.sf(abs(t), df)
+    return Welch(float(t), float(df), float(p), tuple(warnings))
+
+
+def hedges_correction(df: float) -> float:
+    """Hedges' exact small-sample bias factor J(df) = Gamma(df/2) / (sqrt(df/2) Gamma((df-1)/2)).
+
+    d is biased away from zero in small samples; g = J * d is (nearly) unbiased. J is close to the familiar
+    1 - 3 / (4 df - 1); df = n_a + n_b - 2.
+    """
+    if df <= 1:
+        return math.nan
+    return float(math.exp(special.gammaln(df / 2) - special.gammaln((df - 1) / 2)) / math.sqrt(df / 2))
+
+
+def effect_size(a: Sequence[float], b: Sequence[float]) -> EffectSize:
+    """Cohen's d with the pooled std sqrt(((n_a-1) s_a^2 + (n_b-1) s_b^2) / (n_a + n_b - 2)), and Hedges' g."""
+    x, y = _as_values(a, "a"), _as_values(b, "b")
+    warnings = list(group_warnings(x, y))
+    df = x.size + y.size - 2
+    if x.size < 1 or y.size < 1 or df < 1:
+        warnings.append("effect size undefined: needs a value in each group and at least 3 in all; d, g are nan")
+        return EffectSize(math.nan, math.nan, tuple(warnings))
+    pooled_ss = (np.var(x, ddof=1) * (x.size - 1) if x.size > 1 else 0.0) + \
+                (np.var(y, ddof=1) * (y.size - 1) if y.size > 1 else 0.0)
+    pooled_std = math.sqrt(pooled_ss / df)
+    diff = float(np.mean(x) - np.mean(y))
+    if pooled_std == 0.0:
+        how = "the means are equal" if diff == 0.0 else f"the means differ by {diff:.6g}"
+        warnings.append(f"effect size undefined: pooled std is zero ({how}); d, g are nan")
+        return EffectSize(math.nan, math.nan, tuple(warnings))
+    d = diff / pooled_std
+    j = hedges_correction(df)
+    if math.isnan(j):
+        warnings.append("Hedges' g undefined for n_a + n_b < 4; g is nan")
+    return EffectSize(float(d), float(d * j), tuple(warnings))
+
+
+def compare(a: Sequence[float], b: Sequence[float]) -> Comparison:
+    """Summaries, Welch's t-test and effect size of two groups, with every warning collected once."""
+    welch = welch_ttest(a, b)
+    effect = effect_size(a, b)
+    warnings = tuple(dict.fromkeys(welch.warnings + effect.warnings))
+    return Comparison(summarize(a), summarize(b), welch, effect, warnings)
+
+
+def group_by_hash(hashes: Mapping[str, str]) -> list[list[str]]:
+    """Groups run names whose parameter hashes are identical: {run name: param_sha256} -> [[names]].
+
+    Groups are ordered largest first (ties by their first name), names within a group sorted, so the output
+    is deterministic whatever the input order. A group of one is a run nothing else reproduced.
+    """
+    groups: dict[str, list[str]] = {}
+    for name, digest in hashes.items():
+        groups.setdefault(digest, []).append(name)
+    return sorted((sorted(names) for names in groups.values()), key=lambda names: (-len(names), names[0]))

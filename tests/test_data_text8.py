@@ -1,0 +1,157 @@
+"""Text8 / word2vec data: vocabulary, subsampling, skip-gram windows, reader errors, synthetic corpus."""
+
+import numpy as np
+import pytest
+
+from hwrepro.data import text8 as t8
+from hwrepro.data.errors import DataError
+
+TEXT = "the cat sat on\nthe mat  the end\n"
+# Counts: the 3, every other word 1. Vocabulary order: decreasing count, ties alphabetical.
+WORDS = ("the", "cat", "end", "mat", "on", "sat")
+IDS = [0, 1, 5, 4, 0, 3, 0, 2]
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    return t8.synthetic_corpus(num_tokens=200_000, vocab_size=2_000, num_topics=20, seed=0)
+
+
+def _write(tmp_path, data):
+    p = tmp_path / "text8"
+    p.write_bytes(data if isinstance(data, bytes) else data.encode())
+    return str(p)
+
+
+def test_vocabulary_of_a_hand_worked_corpus(tmp_path):
+    path = _write(tmp_path, TEXT)
+    c = t8.read_text8(path, min_count=1)
+    assert c.words == WORDS
+    np.testing.assert_array_equal(c.tokens, IDS)
+    np.testing.assert_array_equal(c.counts, [3, 1, 1, 1, 1, 1])
+    assert c.tokens.dtype == np.int32 and c.unk is None and c.dropped == 0 and c.source == path
+
+    dropped = t8.read_text8(path, min_count=2)                     # rare words leave the text
+    assert dropped.words == ("the",) and dropped.dropped == 5
+    np.testing.assert_array_equal(dropped.tokens, [0, 0, 0])
+
+    unk = t8.read_text8(path, min_count=2, rare="unk")             # or become UNK, id 0
+    assert unk.words == ("<unk>", "the") and unk.unk == 0 and unk.dropped == 0
+    np.testing.assert_array_equal(unk.tokens, [1, 0, 0, 0, 1, 0, 1, 0])
+    np.testing.assert_array_equal(unk.counts, [5, 3])
+
+    capped = t8.read_text8(path, min_count=1, max_vocab=3)
+    assert capped.words == ("the", "cat", "end")
+    np.testing.assert_array_equal(capped.tokens, [0, 1, 0, 0, 2])
+
+
+def test_reading_in_small_blocks_gives_the_same_corpus(tmp_path, monkeypatch, corpus):
+    text = " ".join(np.array(corpus.words)[corpus.tokens[:20_000]]) + "\n"
+    path = _write(tmp_path, text)
+    whole = t8.read_text8(path, min_count=1)
+    monkeypatch.setattr(t8, "_BLOCK_BYTES", 37)                   # words cut across reads
+    pieces = t8.read_text8(path, min_count=1)
+    assert whole.words == pieces.words
+    np.testing.assert_array_equal(whole.tokens, pieces.tokens)
+    # Same text, same vocabulary as the generator built (both sort by count, then alphabetically).
+    assert len(whole.tokens) == 20_000
+    np.testing.assert_array_equal(np.array(whole.words)[whole.tokens], np.array(corpus.words)[corpus.tokens[:20_000]])
+
+
+@pytest.mark.parametrize("data,line,problem", [
+    (b"", 1, "empty file: no words"),
+    (b" \n\n  ", 1, "empty file: no words"),
+    (b"some words\nmore\x00words", 2, "not a text file: NUL byte at byte offset 15"),
+    (b"ok ok\nok\n caf\xc3\xa9 \xff\xfe", 3, "not UTF-8 text at byte offset 16"),
+])
+def test_bad_files_raise_data_error_with_position(tmp_path, monkeypatch, data, line, problem):
+    monkeypatch.setattr(t8, "_BLOCK_BYTES", 4)                    # positions must survive block boundaries
+    path = _write(tmp_path, data)
+    with pytest.raises(DataError) as err:
+        t8.read_text8(path)
+    assert str(err.value).startswith(f"{path}:{line}: {problem}")
+
+
+def test_subsampling_probabilities_hand_worked_and_empirical():
+    counts = np.array([3, 1, 1, 1, 1, 1])
+    keep = t8.keep_probabilities(counts, sample=0.1)
+    # f = 3/8: (sqrt(3.75) + 1) * 0.1 / 0.375; f = 1/8: (sqrt(1.25) + 1) * 0.8 > 1, capped.
+    np.testing.assert_allclose(keep, [(np.sqrt(3.75) + 1) * 0.1 / 0.375, 1, 1, 1, 1, 1])
+    np.testing.assert_array_equal(t8.keep_probabilities(counts, 0.0), np.ones(6))
+
+    tokens = np.zeros(100_000, dtype=np.int32)
+    kept = t8.subsample(tokens, keep, np.random.default_rng(0))
+    sd = np.sqrt(keep[0] * (1 - keep[0]) / len(tokens))
+    assert abs(len(kept) / len(tokens) - keep[0]) < 5 * sd
+
+
+def test_skipgram_windows_hand_worked():
+    tokens = np.array(IDS, dtype=np.int32)                         # the cat sat on the mat the end
+    b = t8.skipgram_batch(tokens, centres=np.array([1, 4, 6, 5, 0]), spans=np.array([2, 1, 2, 2, 1]),
+                          window=2, vocab_size=6)
+    np.testing.assert_array_equal(b["feat_ids"], [[1], [0], [0], [3], [0]])
+    np.testing.assert_array_equal(b["feat_vals"], np.ones((5, 1), np.float32))
+    np.testing.assert_array_equal(b["labels"], [
+        [0, 4, 5, 6],      # cat, span 2: the, sat, on
+        [3, 4, 6, 6],      # the (pos 4), span 1: on, mat
+        [0, 2, 3, 6],      # the (pos 6), span 2: the, mat, end (text ends)
+        [0, 2, 4, 6],      # mat, span 2: on, the, the (merged), end
+        [1, 6, 6, 6],      # the (pos 0), span 1: cat (text starts)
+    ])
+    assert b["labels"].dtype == np.int32 and b["feat_ids"].dtype == np.int32
+
+
+def test_epoch_uses_every_position_once_with_shrunk_windows(corpus):
+    window, bs = 3, 500
+    batches = list(t8.skipgram_batches(corpus, bs, window, seed=1, sample=0.0, drop_remainder=False))
+    centres = np.concatenate([b["feat_ids"][:, 0] for b in batches])
+    np.testing.assert_array_equal(np.sort(centres), np.sort(corpus.tokens))
+    assert all(b["labels"].shape[1] == 2 * window for b in batches[:-1])
+    n_ctx = np.concatenate([(b["labels"] < corpus.vocab_size).sum(1) for b in batches])
+    assert n_ctx.min() >= 1 and n_ctx.max() <= 2 * window
+    assert np.mean(n_ctx <= 2) > 0.2                               # spans of 1 happen (about a third)
+
+    again = next(t8.skipgram_batches(corpus, bs, window, seed=1, sample=0.0))
+    np.testing.assert_array_equal(again["labels"], batches[0]["labels"])
+    other = next(t8.skipgram_batches(corpus, bs, window, seed=1, epoch=1, sample=0.0))
+    assert not np.array_equal(other["feat_ids"], batches[0]["feat_ids"])
+
+    sub = list(t8.skipgram_batches(corpus, bs, window, seed=1, sample=1e-3))
+    frequent = np.mean(np.concatenate([b["feat_ids"][:, 0] for b in sub]) == 0)
+    assert frequent < np.mean(corpus.tokens == 0)                  # the commonest word is thinned out
+
+
+def test_synthetic_corpus_is_deterministic_and_zipfian(corpus):
+    again = t8.synthetic_corpus(num_tokens=200_000, vocab_size=2_000, num_topics=20, seed=0)
+    np.testing.assert_array_equal(again.tokens, corpus.tokens)
+    assert again.words == corpus.words
+    other = t8.synthetic_corpus(num_tokens=200_000, vocab_size=2_000, num_topics=20, seed=1)
+    assert not np.array_equal(other.tokens[:1000], corpus.tokens[:1000])
+    assert len(corpus.tokens) == 200_000 and corpus.vocab_size > 1_500
+    assert np.all(np.diff(corpus.counts) <= 0)
+    assert corpus.counts[:20].sum() / corpus.counts.sum() > 0.2    # top 1% of words: a fifth of the text
+    ranks = np.arange(1, corpus.vocab_size + 1)
+    slope = np.polyfit(np.log(ranks[5:500]), np.log(corpus.counts[5:500]), 1)[0]
+    assert -1.4 < slope < -0.5
+
+
+def test_synthetic_contexts_are_predictable(corpus):
+    """Held-out context words are far more likely under a co-occurrence model than under word frequencies."""
+    v = corpus.vocab_size
+    split = len(corpus.tokens) * 4 // 5
+    train = t8.Corpus(corpus.tokens[:split], corpus.words, corpus.counts, None, 0, "train")
+    test = t8.Corpus(corpus.tokens[split:], corpus.words, corpus.counts, None, 0, "test")
+
+    def pairs(c):
+        b = t8.skipgram_batch(c.tokens, np.arange(len(c.tokens)), np.full(len(c.tokens), 2), 2, v)
+        centre = np.repeat(b["feat_ids"][:, 0], b["labels"].shape[1])
+        ctx = b["labels"].ravel()
+        return centre[ctx < v], ctx[ctx < v]
+
+    c_tr, x_tr = pairs(train)
+    cooc = np.bincount(c_tr * v + x_tr, minlength=v * v).reshape(v, v) + 0.1
+    unigram = np.bincount(x_tr, minlength=v) + 0.1
+    c_te, x_te = pairs(test)
+    nll_cooc = -np.mean(np.log(cooc[c_te, x_te] / cooc.sum(1)[c_te]))
+    nll_unigram = -np.mean(np.log(unigram[x_te] / unigram.sum()))
+    assert nll_unigram - nll_cooc > 0.5
