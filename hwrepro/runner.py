@@ -26,7 +26,7 @@ from hwrepro.errors import ConfigError, HwreproError, PlatformUnavailable
 
 EXIT_DONE, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_SKIPPED = 0, 1, 2, 3
 
-EXPERIMENTS = ("autoencoder", "prednet", "slide", "word2vec")
+EXPERIMENTS = ("autoencoder", "prednet", "slide")
 
 
 def default_workdir(config: ml_collections.ConfigDict) -> Path:

@@ -76,7 +76,8 @@ def fit(state: Any,
     """Runs `num_steps` of `train_step(state, batch) -> (state, metrics)` and returns the final state.
 
     Every `log_every` steps (and at the last step) writes one metrics.jsonl line: step, epoch, the mean of
-    each step metric since the previous line, examples/s over that window. `eval_fn(state) -> dict` runs every
+    each step metric since the previous line, examples/s over that window, and `train_seconds`, the time
+    spent in this loop outside evaluation and checkpoints (the x axis of time-to-accuracy plots). `eval_fn(state) -> dict` runs every
     `eval_every` steps (0: only at the end) and its values join that line (prefixed `eval_`).
     `after_step(step, state) -> state` is for host-side schedules (e.g. SLIDE's table rebuilds).
     `checkpoint_fn(step, state) -> dict` runs every `checkpoint_every` steps (and at the last step when
@@ -84,6 +85,7 @@ def fit(state: Any,
     """
     progress = Progress(num_steps, label or rec.info.get("name") or "train")
     window_start, window_steps, acc = time.time(), 0, None
+    train_seconds = 0.0
     for step in range(1, num_steps + 1):
         state, metrics = train_step(state, next(batches))
         if after_step is not None:
@@ -96,10 +98,12 @@ def fit(state: Any,
         if step % log_every == 0 or last or checkpoint:
             means = {k: float(v) / window_steps for k, v in jax.device_get(acc).items()}
             elapsed = time.time() - window_start
+            train_seconds += elapsed
             row = dict(means)
             if steps_per_epoch:
                 row["epoch"] = step / steps_per_epoch
             row["examples_per_s"] = window_steps * examples_per_step / max(elapsed, 1e-9)
+            row["train_seconds"] = train_seconds
             if eval_fn is not None and (last or (eval_every and step % eval_every == 0)):
                 row.update({f"eval_{k}": v for k, v in eval_fn(state).items()})
             if checkpoint:

@@ -1,0 +1,7 @@
+"""Amazon-670K with sampled softmax: SLIDE's baseline in the same harness (see configs/slide_amazon.py)."""
+
+from configs.slide_amazon import slide_config
+
+
+def get_config():
+    return slide_config("amazon670k", "sampled")

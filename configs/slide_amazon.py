@@ -1,0 +1,67 @@
+"""SLIDE on Amazon-670K: the LSH-sparse output layer (MLSys 2020/2021). hwrepro's main job.
+
+    python launch.py --config=configs/slide_amazon.py
+    python launch.py --config=configs/slide_amazon.py --config.data.dir=/data/xc   # holds Amazon-670K/train.txt
+
+Without the real files under data.dir, it trains on a synthetic stand-in with Amazon-670K's shape (135,909
+features, 670,091 labels, 490,449 train / 153,025 test points, ~75 features and ~5.4 labels per point,
+power-law label frequencies); the log and run.json say so.
+
+Defaults from SLIDE's public code (SLIDE/Config_amz.csv, Config.h) unless a comment says otherwise.
+"""
+
+import ml_collections
+
+from hwrepro.config_base import base_config
+
+
+def slide_config(dataset: str, method: str) -> ml_collections.ConfigDict:
+    """The SLIDE family's shared fields; slide_*, dense_* and sampled_* configs differ only where they say."""
+    c = base_config("slide")
+    c.name = f"{method}_{dataset}"
+    c.data.dataset = dataset          # amazon670k | wikilsh325k | tiny | text8
+    c.data.seed = 0                   # synthetic stand-in's seed (data stays fixed across training seeds)
+    c.data.num_train = 0              # synthetic only: 0 = the real data set's size (text8: tokens)
+    c.data.num_test = 0
+    c.data.max_features = 128         # fixed width; longer points keep their largest values (counted in run.json)
+    c.data.max_labels = 32
+    c.data.window = 5                 # text8 only: skip-gram window
+    c.data.min_count = 5              # text8 only: rarer words are dropped (word2vec.c's default)
+    c.data.subsample = 1e-3           # text8 only: frequent-word subsampling threshold
+
+    c.model = ml_collections.ConfigDict()
+    c.model.method = method           # lsh | sampled | dense
+    c.model.hidden = 128              # SLIDE's Amazon-670K hidden layer
+    # Active output neurons per batch. SLIDE: sparsity 0.005, ~3,350 per example, chosen per example; here one
+    # batch-shared set (an XLA-friendly gather + matmul), 8,192 rows per batch of 128.
+    c.model.candidate_mode = "shared"  # shared | per_example (SLIDE's own)
+    c.model.num_candidates = 8192
+    c.model.bucket_capacity = 16      # ids read per hit bucket (SLIDE's bucket size is 128; see docs/benchmarks.md)
+    c.model.min_count = 2             # SLIDE's "sampling" mode threshold: ids retrieved at least twice
+    c.model.sampler = "uniform"       # random fill / sampled-softmax negatives: uniform | log_uniform
+
+    c.lsh = ml_collections.ConfigDict()
+    c.lsh.kind = "dwta"               # SLIDE's Amazon-670K hash: densified winner-take-all
+    c.lsh.num_hashes = 6              # K
+    c.lsh.num_tables = 50             # L
+    c.lsh.bin_size = 8                # 6 hashes x 3 bits = 2^18 buckets per table (RangePow 18)
+    c.lsh.density = 1.0               # simhash only
+    c.lsh.rebuild_period = 50         # SLIDE's Amazon config rehashes tables every 50 batches...
+    c.lsh.rebuild_decay = 0.01        # ...with the period growing as training settles (exp(decay * i))
+    c.lsh.redraw_period = 1000        # ...and draws new hash functions every 1,000 batches
+    c.lsh.redraw_decay = 0.0
+
+    c.train.batch_size = 128          # SLIDE's code; its paper used 256 for Amazon-670K
+    c.train.learning_rate = 1e-4      # SLIDE: Adam, lr 1e-4, beta1 0.9, beta2 0.999, eps 1e-8
+    c.train.num_epochs = 1            # SLIDE ran 10; one epoch is the time-to-accuracy comparison here
+    c.train.log_every = 100
+    c.train.eval_every = 1000
+
+    c.eval = ml_collections.ConfigDict()
+    c.eval.subset = 2048              # fixed shuffled test subset during training (not SLIDE's first lines)
+    c.eval.batch_size = 256
+    return c
+
+
+def get_config():
+    return slide_config("amazon670k", "lsh")

@@ -1,0 +1,17 @@
+"""SLIDE word2vec on Text8: skip-gram, 200 hidden units, LSH output over the vocabulary (SLIDE MLSys 2021).
+
+data.dir holding the `text8` file trains on it; otherwise a synthetic Zipfian corpus of text8's size.
+"""
+
+from configs.slide_amazon import slide_config
+
+
+def get_config():
+    c = slide_config("text8", "lsh")
+    c.model.hidden = 200              # SLIDE's word2vec hidden layer
+    c.model.num_candidates = 4096
+    c.data.max_features = 1           # the centre word
+    c.data.max_labels = 10            # 2 * window context words
+    c.train.num_steps = 5000          # an epoch of text8 is ~70,000 batches; raise for full runs
+    c.train.eval_every = 1000
+    return c

@@ -1,0 +1,65 @@
+"""Time-to-accuracy plots across runs (e.g. SLIDE against sampled and dense softmax).
+
+    python -m hwrepro.plots OUT.png RUN_DIR [RUN_DIR ...] [--metric eval_P@1]
+
+The x axis is each run's `train_seconds` (time in the training loop, rebuilds included, evaluation not), so
+methods are compared on the time they spent learning, on the same machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from hwrepro.records import read_json
+
+
+def read_metrics(workdir: Path) -> list[dict]:
+    path = Path(workdir) / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def time_to_accuracy(run_dirs: list[Path], out: Path, metric: str = "eval_P@1") -> Path:
+    """One curve per run of `metric` against training seconds (log x axis); returns `out`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for workdir in map(Path, run_dirs):
+        rows = [r for r in read_metrics(workdir) if metric in r]
+        if not rows:
+            continue
+        info = read_json(workdir / "run.json")
+        ax.plot([r["train_seconds"] for r in rows], [r[metric] for r in rows], marker="o",
+                label=f"{info.get('name', workdir.name)}")
+    ax.set_xscale("log")
+    ax.set_xlabel("training time (s, log scale)")
+    ax.set_ylabel(metric.removeprefix("eval_"))
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return Path(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out")
+    parser.add_argument("run_dirs", nargs="+")
+    parser.add_argument("--metric", default="eval_P@1")
+    args = parser.parse_args(argv)
+    missing = [d for d in args.run_dirs if not (Path(d) / "metrics.jsonl").exists()]
+    if missing:
+        print(f"error: no metrics.jsonl in {', '.join(missing)}", file=sys.stderr)
+        return 2
+    print(time_to_accuracy(args.run_dirs, Path(args.out), args.metric))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
