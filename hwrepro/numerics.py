@@ -86,8 +86,9 @@ def apply_after_jax(n: Mapping[str, Any]) -> None:
                       None if n["matmul_precision"] == "default" else n["matmul_precision"])
     try:
         backend = jax.default_backend()
-    except RuntimeError as e:
-        raise PlatformUnavailable(f"numerics.platform={n['platform']!r} is not available here ({e})") from None
+    except (RuntimeError, AssertionError) as e:  # jax 0.10 asserts when no installed plugin serves JAX_PLATFORMS
+        raise PlatformUnavailable(f"numerics.platform={n['platform']!r} is not available here "
+                                  f"({str(e) or 'no backend for it is installed'})") from None
     if backend != n["platform"]:
         raise PlatformUnavailable(f"numerics.platform={n['platform']!r} but JAX runs on {backend!r}")
 

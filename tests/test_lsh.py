@@ -1,0 +1,293 @@
+"""hwrepro.lsh: hash families against known collision probabilities and a NumPy reference, bucket tables
+against their definition, queries, and the rebuild schedule against hand-worked steps."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hwrepro import lsh
+
+N, DIM = 500, 16  # neurons and their dimension in the table tests
+
+
+def simhash_bits(fn: lsh.SimHash, x: np.ndarray) -> np.ndarray:
+    """bool [n, L * K]: every SimHash bit of every row of x."""
+    num_bits = fn.planes.shape[2]
+    c = np.asarray(lsh.codes(fn, x))
+    return ((c[:, :, None] >> np.arange(num_bits)) & 1).reshape(len(x), -1).astype(bool)
+
+
+def pairs_at_angle(rng: np.random.Generator, num_pairs: int, dim: int, angle: float) -> tuple[np.ndarray, ...]:
+    """num_pairs random pairs (x, y) of dim-vectors at `angle`, in random orientations, y 3x longer."""
+    u = rng.standard_normal((num_pairs, dim))
+    u /= np.linalg.norm(u, axis=1, keepdims=True)
+    v = rng.standard_normal((num_pairs, dim))
+    v -= np.sum(u * v, axis=1, keepdims=True) * u
+    v /= np.linalg.norm(v, axis=1, keepdims=True)
+    return u.astype(np.float32), (3.0 * (math.cos(angle) * u + math.sin(angle) * v)).astype(np.float32)
+
+
+@pytest.mark.parametrize("angle", [math.pi / 8, math.pi / 3, math.pi / 2, 3 * math.pi / 4])
+def test_simhash_bit_collision_rate_is_one_minus_angle_over_pi(angle):
+    fn = lsh.init_simhash(jax.random.key(1), 24, 16, 32)  # 512 Gaussian hyperplanes
+    x, y = pairs_at_angle(np.random.default_rng(2), 16, 24, angle)
+    # Given the pairs' random orientations, the 16 x 512 bit collisions are independent Bernoulli(p).
+    collisions = simhash_bits(fn, x) == simhash_bits(fn, y)
+    p = 1 - angle / math.pi
+    standard_error = math.sqrt(p * (1 - p) / collisions.size)
+    assert abs(collisions.mean() - p) < 5 * standard_error
+
+
+def test_sparse_simhash_has_fixed_pm1_support_and_is_a_sign_matmul():
+    fn = lsh.init_simhash(jax.random.key(3), 30, 5, 7, density=1 / 3)
+    planes = np.asarray(fn.planes)
+    assert planes.shape == (30, 7, 5)
+    assert set(np.unique(planes)) == {-1.0, 0.0, 1.0}
+    assert np.all(np.count_nonzero(planes, axis=0) == 10)  # round(30 / 3) dims per hyperplane
+    x = np.random.default_rng(4).standard_normal((40, 30)).astype(np.float32)
+    bits = np.einsum("nd,dlk->nlk", x.astype(np.float64), planes) > 0
+    reference = np.sum(bits << np.arange(5), axis=-1)
+    np.testing.assert_array_equal(lsh.codes(fn, x), reference)
+    # bf16 inputs are hashed as their (exact) f32 values, so mixed-dtype weights and activations agree.
+    x16 = jnp.asarray(x, jnp.bfloat16)
+    np.testing.assert_array_equal(lsh.codes(fn, x16), lsh.codes(fn, x16.astype(jnp.float32)))
+
+
+def dwta_reference(fn: lsh.DWTA, x: np.ndarray) -> np.ndarray:
+    """int [n, L] by the definition: argmax over each bin's non-zero values (first on ties); an empty bin
+    takes the value of the first non-empty bin in its probe order, or 0 if there is none."""
+    bins, probes = np.asarray(fn.bins), np.asarray(fn.probes)
+    num_tables, num_hashes, bin_size = bins.shape
+    values = x[:, bins.reshape(-1, bin_size)]  # [n, M, bin]
+    empty = np.all(values == 0, axis=-1)
+    slots = np.argmax(np.where(values != 0, values, -np.inf), axis=-1)
+    dense = np.zeros_like(slots)
+    for i, m in np.ndindex(slots.shape):
+        order = [m, *probes[m]]
+        filled = [b for b in order if not empty[i, b]]
+        dense[i, m] = slots[i, filled[0]] if filled else 0
+    return np.sum(dense.reshape(len(x), num_tables, num_hashes) * bin_size ** np.arange(num_hashes), axis=-1)
+
+
+def sparse_signed_rows(rng: np.random.Generator, n: int, dim: int, zero_fraction: float) -> np.ndarray:
+    """Rows with distinct magnitudes (no near-ties), random signs and a given fraction of exact zeros."""
+    x = np.stack([rng.permutation(dim) + 1.0 for _ in range(n)]) * rng.choice([-1.0, 1.0], (n, dim))
+    return np.where(rng.random((n, dim)) < zero_fraction, 0.0, x).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def dwta32():
+    return lsh.init_dwta(jax.random.key(5), 32, 2, 12, bin_size=8)
+
+
+def test_dwta_matches_reference_including_densified_bins(dwta32):
+    rng = np.random.default_rng(6)
+    x = np.concatenate([sparse_signed_rows(rng, 20, 32, f) for f in (0.0, 0.5, 0.85, 0.95)])
+    x[-1] = 0.0
+    x[-2] = 0.0
+    x[-2, 7] = -4.0  # one non-zero (negative) dim: bins holding it win, all others borrow from them
+    codes = np.asarray(lsh.codes(dwta32, x))
+    np.testing.assert_array_equal(codes, dwta_reference(dwta32, x))
+    assert np.all(codes[-1] == 0)  # all-zero vector: every bin empty, code 0 everywhere
+    assert np.all((codes >= 0) & (codes < lsh.num_buckets(dwta32)))
+
+
+def test_dwta_ties_go_to_the_first_slot():
+    fn = lsh.init_dwta(jax.random.key(7), 8, 1, 1, bin_size=8)  # one bin holding every dim
+    order = np.asarray(fn.bins)[0, 0]
+    x = np.zeros((2, 8), np.float32)
+    x[0, order[[2, 5]]] = 3.0  # equal maxima at slots 2 and 5
+    x[1, order[[4, 6]]] = [1.0, 1.0 + 2**-23]  # differ in the last mantissa bit
+    np.testing.assert_array_equal(lsh.codes(fn, x)[:, 0], [2, 4])
+
+
+def test_dwta_densification_leaves_no_empty_bin_artefact(dwta32):
+    rng = np.random.default_rng(8)
+    x = sparse_signed_rows(rng, 200, 32, 0.9)  # most bins of 8 dims are empty
+    x = x[np.any(x != 0, axis=1)]  # (all-zero rows hash to 0 everywhere, by definition)
+    codes = np.asarray(lsh.codes(dwta32, x))
+    # Deterministic and independent of the batch it is hashed in.
+    np.testing.assert_array_equal(codes[:3], lsh.codes(dwta32, x[:3]))
+    # Without densification empty bins would read as slot 0, piling such vectors into bucket 0 (about 1 in
+    # 5 table codes here); with it a table code is 0 only by chance (1 in 64 for K = 2, bin 8).
+    assert np.mean(codes == 0) < 0.04
+    assert len(np.unique(codes[:, 0])) > 30
+
+
+def test_dwta_identical_vectors_collide_and_collisions_fall_with_distance():
+    fn = lsh.init_dwta(jax.random.key(9), 32, 1, 256, bin_size=8)  # 256 single-hash tables
+    rng = np.random.default_rng(10)
+    x = np.maximum(rng.standard_normal((64, 32)), 0).astype(np.float32)  # ReLU-like: half zeros
+    base = np.asarray(lsh.codes(fn, x))
+    np.testing.assert_array_equal(base, lsh.codes(fn, 2.5 * x))  # same direction, same winners
+    rates = []
+    for scale in (0.05, 0.2, 0.5, 1.0, 3.0):
+        y = np.maximum(x + scale * rng.standard_normal(x.shape), 0).astype(np.float32)
+        rates.append(np.mean(np.asarray(lsh.codes(fn, y)) == base))
+    assert rates[0] > 0.8 and rates[-1] < 0.35  # 1/8 + densification correlation for unrelated vectors
+    assert all(a > b + 0.03 for a, b in zip(rates, rates[1:])), rates
+
+
+# ------------------------------------------------------------------------------------------------------ tables
+
+
+def integer_weights(seed: int) -> np.ndarray:
+    """Small integers: sparse-SimHash projections are exact, so codes cannot depend on the batch shape."""
+    return np.random.default_rng(seed).integers(-4, 5, (N, DIM)).astype(np.float32)
+
+
+HASH_FNS = {
+    "dwta": lsh.init_dwta(jax.random.key(11), DIM, 2, 6, bin_size=4),  # 16 buckets
+    "simhash": lsh.init_simhash(jax.random.key(12), DIM, 4, 5, density=0.5),  # 16 buckets
+}
+
+
+@pytest.fixture(scope="module", params=sorted(HASH_FNS))
+def built(request):
+    fn = HASH_FNS[request.param]
+    weights = integer_weights(13)
+    return fn, weights, lsh.build_tables(fn, weights, jax.random.key(14))
+
+
+def test_starts_and_ids_are_the_buckets_of_the_codes(built):
+    fn, weights, tables = built
+    codes = np.asarray(lsh.codes(fn, weights))  # [N, L]
+    ids, starts = np.asarray(tables.ids), np.asarray(tables.starts)
+    num_tables = codes.shape[1]
+    assert ids.shape == (num_tables, N) and ids.dtype == np.int32
+    assert starts.shape == (num_tables, lsh.num_buckets(fn) + 1) and starts.dtype == np.int32
+    for table in range(num_tables):
+        np.testing.assert_array_equal(np.sort(ids[table]), np.arange(N))
+        np.testing.assert_array_equal(np.diff(starts[table]), np.bincount(codes[:, table], minlength=16))
+        np.testing.assert_array_equal(codes[ids[table], table], np.repeat(np.arange(16), np.diff(starts[table])))
+
+
+def test_every_neuron_is_found_in_its_own_bucket(built):
+    fn, weights, tables = built
+    largest = int(np.max(np.diff(np.asarray(tables.starts), axis=1)))
+    found = np.asarray(lsh.query(tables, fn, weights, largest))  # [N, L, largest]
+    assert np.all(np.any(found == np.arange(N)[:, None, None], axis=2))
+    # With a smaller capacity a neuron is found exactly when it is among its bucket's first `capacity`.
+    capacity = 3
+    ids, starts = np.asarray(tables.ids), np.asarray(tables.starts)
+    codes = np.asarray(lsh.codes(fn, weights))
+    rank = np.empty_like(codes)
+    for table in range(ids.shape[0]):
+        rank[ids[table], table] = np.arange(N) - starts[table, codes[ids[table], table]]
+    some = weights[:37]  # another batch shape: same codes (DWTA is exact, and so is this SimHash here)
+    found = np.asarray(lsh.query(tables, fn, some, capacity))
+    np.testing.assert_array_equal(np.any(found == np.arange(37)[:, None, None], axis=2), rank[:37] < capacity)
+
+
+def test_query_returns_bucket_prefix_padded_with_n(built):
+    fn, weights, tables = built
+    ids, starts = np.asarray(tables.ids), np.asarray(tables.starts)
+    x = np.random.default_rng(15).standard_normal((9, DIM)).astype(np.float32)
+    capacity = 40  # more than most buckets hold here (N / 16 ~ 31 on average)
+    found = np.asarray(lsh.query(tables, fn, x, capacity))
+    assert found.shape == (9, ids.shape[0], capacity) and found.dtype == np.int32
+    codes = np.asarray(lsh.codes(fn, x))
+    padded = 0
+    for i, table in np.ndindex(codes.shape):
+        bucket = ids[table, starts[table, codes[i, table]]:starts[table, codes[i, table] + 1]][:capacity]
+        expected = np.full(capacity, N)
+        expected[:len(bucket)] = bucket
+        np.testing.assert_array_equal(found[i, table], expected)
+        padded += len(bucket) < capacity
+    assert padded > 0
+
+
+def test_in_bucket_order_is_random_and_unbiased():
+    fn = lsh.init_simhash(jax.random.key(16), DIM, 1, 40)  # 2 buckets per table: ~250 neurons each
+    weights = integer_weights(17)
+    first = lsh.build_tables(fn, weights, jax.random.key(18))
+    second = lsh.build_tables(fn, weights, jax.random.key(19))
+    np.testing.assert_array_equal(first.starts, second.starts)  # same buckets...
+    assert np.mean(np.asarray(first.ids) != np.asarray(second.ids)) > 0.9  # ...in another order
+    # The first 10 ids of each bucket are a uniform sample of it: their mean id is the bucket's mean id.
+    ids, starts = np.asarray(first.ids), np.asarray(first.starts)
+    head, whole = [], []
+    for table, bucket in np.ndindex(40, 2):
+        members = ids[table, starts[table, bucket]:starts[table, bucket + 1]]
+        head.append(members[:10].mean())
+        whole.append(members.mean())
+    spread = N / math.sqrt(12 * 10 * len(head))  # standard error of the mean of 80 x 10 uniform ids
+    assert abs(np.mean(head) - np.mean(whole)) < 5 * spread
+
+
+def test_host_and_xla_grouping_are_identical(built):
+    fn, weights, _ = built
+    key = jax.random.key(20)
+    host = lsh.build_tables(fn, weights, key, host_sort=True)
+    device = lsh.build_tables(fn, weights, key, host_sort=False)
+    np.testing.assert_array_equal(host.ids, device.ids)
+    np.testing.assert_array_equal(host.starts, device.starts)
+
+
+def test_everything_runs_under_jit_with_functions_and_tables_as_arguments():
+    traces = []
+
+    @jax.jit
+    def draw_build_query(key, weights, x):
+        traces.append(1)
+        k_fn, k_tables = jax.random.split(key)
+        fn = lsh.init_dwta(k_fn, DIM, 2, 6, bin_size=4)
+        tables = lsh.build_tables(fn, weights, k_tables)
+        return fn, tables, lsh.query(tables, fn, x, 5)
+
+    weights = integer_weights(21)
+    x = weights[:4] + 0.5
+    key = jax.random.PRNGKey(22)  # raw uint32 keys work as well as typed ones
+    fn, tables, found = draw_build_query(key, weights, x)
+    k_fn, k_tables = jax.random.split(key)
+    eager_fn = lsh.init_dwta(k_fn, DIM, 2, 6, bin_size=4)
+    np.testing.assert_array_equal(fn.bins, eager_fn.bins)
+    np.testing.assert_array_equal(fn.probes, eager_fn.probes)
+    np.testing.assert_array_equal(found, lsh.query(lsh.build_tables(eager_fn, weights, k_tables), eager_fn, x, 5))
+    draw_build_query(jax.random.PRNGKey(23), weights + 1, x)  # new arrays, same shapes: no retrace
+    assert len(traces) == 1
+
+
+def test_bad_inputs_raise_one_line_errors():
+    with pytest.raises(ValueError, match="dim 8 but the SimHash was drawn for dim 16"):
+        lsh.codes(HASH_FNS["simhash"], np.zeros((2, 8), np.float32))
+    with pytest.raises(ValueError, match="shape"):
+        lsh.codes(HASH_FNS["dwta"], np.zeros(16, np.float32))
+    with pytest.raises(ValueError, match="bin_size=32"):
+        lsh.init_dwta(jax.random.key(0), 16, 2, 3, bin_size=32)
+    with pytest.raises(ValueError, match="density"):
+        lsh.init_simhash(jax.random.key(0), 16, 2, 3, density=0.0)
+    with pytest.raises(ValueError, match="bucket_capacity"):
+        lsh.lookup(lsh.Tables(jnp.zeros((2, 3), jnp.int32), jnp.zeros((2, 5), jnp.int32)),
+                   jnp.zeros((1, 2), jnp.int32), 0)
+
+
+# ---------------------------------------------------------------------------------------------------- schedule
+
+
+def test_rebuild_schedule_with_decay_matches_hand_worked_steps():
+    # Periods 10, 10e^0.5, 10e^1, 10e^1.5, 10e^2 = 10, 16.49, 27.18, 44.82, 73.89; cumulative sums 10,
+    # 26.49, 53.67, 98.49, 172.38, rounded: 10, 26, 54, 98, 172.
+    schedule = lsh.RebuildSchedule(rebuild_period=10, rebuild_decay=0.5)
+    assert schedule.due_steps(200) == [10, 26, 54, 98, 172]
+    assert [s for s in range(200) if schedule.due(s)] == [10, 26, 54, 98, 172]
+    assert not any(schedule.redraw_due(s) for s in range(200))
+
+
+def test_rebuild_schedule_redraws_on_its_own_period():
+    schedule = lsh.RebuildSchedule(rebuild_period=50, redraw_period=120)  # SLIDE-like, shrunk
+    assert schedule.due_steps(400) == [50, 100, 120, 150, 200, 240, 250, 300, 350, 360]
+    assert schedule.redraw_steps(400) == [120, 240, 360]
+    assert [s for s in range(400) if schedule.redraw_due(s)] == [120, 240, 360]
+    assert schedule.due(120) and not schedule.due(0) and not schedule.due(49)
+    assert schedule.due(50 * 1_000_000)  # no iteration over the past: large steps are cheap
+
+
+@pytest.mark.parametrize("fields", [dict(rebuild_period=0), dict(rebuild_period=10, rebuild_decay=-0.1),
+                                    dict(rebuild_period=10, redraw_period=math.inf)])
+def test_rebuild_schedule_rejects_bad_periods(fields):
+    with pytest.raises(ValueError):
+        lsh.RebuildSchedule(**fields)

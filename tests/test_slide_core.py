@@ -1,0 +1,213 @@
+"""SLIDE's sparse training core: sparse paths against dense references, row-sparse Adam against optax, and
+the three training methods on a tiny learnable problem."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from hwrepro import slide, sparse_adam
+from hwrepro.models import slide as model
+
+NF, N, H = 50, 300, 16  # features, labels, hidden
+B, F, LMAX = 32, 4, 4  # batch, active features and labels per example
+M = 160  # shared candidates: more than the B * LMAX label slots, so every true label fits
+TINY_LSH = slide.LshSpec(kind="dwta", num_hashes=2, num_tables=8, bin_size=4)
+
+
+def random_batch(rng: np.random.Generator, b: int = B) -> dict:
+    """Random batch in the shared format, with some padding in features and labels."""
+    feat_ids = np.stack([rng.choice(NF, F, replace=False) for _ in range(b)]).astype(np.int32)
+    feat_ids[::3, -1] = NF
+    feat_vals = np.where(feat_ids < NF, rng.uniform(0.5, 1.5, feat_ids.shape), 0.0).astype(np.float32)
+    labels = np.stack([rng.choice(N, LMAX, replace=False) for _ in range(b)]).astype(np.int32)
+    labels[::2, -2:] = N
+    return {"feat_ids": feat_ids, "feat_vals": feat_vals, "labels": labels}
+
+
+# A learnable problem: each feature "names" one label; an example's labels are those of its features.
+FEATURE_LABEL = np.random.default_rng(7).choice(N, NF, replace=False).astype(np.int32)
+
+
+def learnable_batch(rng: np.random.Generator, b: int = B) -> dict:
+    feat_ids = np.stack([rng.choice(NF, F, replace=False) for _ in range(b)]).astype(np.int32)
+    labels = FEATURE_LABEL[feat_ids]
+    return {"feat_ids": feat_ids, "feat_vals": np.ones(feat_ids.shape, np.float32), "labels": labels}
+
+
+def scaled_params(key: jax.Array) -> slide.Params:
+    """Parameters with O(1) logits so that comparisons are not dominated by tiny numbers."""
+    p = slide.init_params(key, NF, N, H)
+    return jax.tree.map(lambda x: x * 50.0 + 0.1, p)
+
+
+@pytest.fixture(scope="module")
+def params():
+    return scaled_params(jax.random.PRNGKey(0))
+
+
+@pytest.fixture(scope="module")
+def batch():
+    return random_batch(np.random.default_rng(0))
+
+
+def test_candidate_logits_equal_dense_logits(params, batch):
+    h = model.SparseInput(NF, H).apply({"params": params["input"]}, batch["feat_ids"], batch["feat_vals"])
+    out = model.SparseOutput(N, H)
+    dense = out.apply({"params": params["output"]}, h)
+    assert dense.shape == (B, N)
+    shared = jnp.array([5, 0, 299, 17, 123], jnp.int32)
+    np.testing.assert_allclose(out.apply({"params": params["output"]}, h, shared), dense[:, shared], rtol=1e-6)
+    per_example = jnp.asarray(np.random.default_rng(1).integers(0, N, (B, 7)), jnp.int32)
+    # A batched product sums in another order than the dense one: allow one rounding of an O(1) logit.
+    np.testing.assert_allclose(out.apply({"params": params["output"]}, h, per_example),
+                               np.take_along_axis(np.asarray(dense), np.asarray(per_example), axis=1),
+                               rtol=1e-6, atol=1e-6)
+    # The module is the pure function: hidden layer by hand from the dense definition.
+    x = np.zeros((B, NF + 1), np.float32)
+    np.add.at(x, (np.arange(B)[:, None], batch["feat_ids"]), batch["feat_vals"])
+    h_ref = np.maximum(x[:, :NF] @ np.asarray(params["input"]["embedding"]) + params["input"]["bias"], 0)
+    np.testing.assert_allclose(h, h_ref, rtol=1e-5, atol=1e-5)
+
+
+def test_sparse_gradient_equals_dense_gradient_when_candidates_cover_all(params, batch):
+    """Gradient w.r.t. gathered rows (the training path) == matching rows of jax.grad of the dense loss."""
+    e, b1 = params["input"]["embedding"], params["input"]["bias"]
+    w, b = params["output"]["weight"], params["output"]["bias"]
+    perm = jnp.asarray(np.random.default_rng(2).permutation(N), jnp.int32)  # all neurons, shuffled
+    mask = jnp.ones(N, bool)
+    targets = slide.shared_targets(jnp.asarray(batch["labels"]), perm, N)
+    feat_rows, inv = jnp.unique(batch["feat_ids"].ravel(), size=B * F, fill_value=NF, return_inverse=True)
+    inv = inv.reshape(B, F)
+
+    def sparse_loss(e_rows, b1_, w_rows, b_rows):
+        h = model.embedding_sum(e_rows[inv], batch["feat_vals"], b1_)
+        return model.softmax_xent(model.candidate_logits(w_rows, b_rows, h), targets, mask)
+
+    def dense_loss(e_, b1_, w_, b_):
+        h = model.sparse_hidden(e_, b1_, batch["feat_ids"], batch["feat_vals"])
+        return model.softmax_xent(model.output_logits(w_, b_, h), model.label_targets(batch["labels"], N))
+
+    g_sparse = jax.grad(sparse_loss, argnums=(0, 1, 2, 3))(model.gather_rows(e, feat_rows), b1,
+                                                            model.gather_rows(w, perm), model.gather_rows(b, perm))
+    g_dense = jax.grad(dense_loss, argnums=(0, 1, 2, 3))(e, b1, w, b)
+    assert float(jnp.abs(g_dense[2]).max()) > 1e-4
+    np.testing.assert_allclose(g_sparse[2], g_dense[2][perm], rtol=1e-4, atol=1e-7)
+    np.testing.assert_allclose(g_sparse[3], g_dense[3][perm], rtol=1e-4, atol=1e-7)
+    np.testing.assert_allclose(g_sparse[1], g_dense[1], rtol=1e-4, atol=1e-7)
+    real = np.asarray(feat_rows) < NF
+    np.testing.assert_allclose(np.asarray(g_sparse[0])[real], np.asarray(g_dense[0])[np.asarray(feat_rows)[real]],
+                               rtol=1e-4, atol=1e-7)
+    # SLIDE's gradient at the logits: (p - t) / B.
+    z = model.output_logits(w, b, model.sparse_hidden(e, b1, batch["feat_ids"], batch["feat_vals"]))
+    t = model.label_targets(batch["labels"], N)
+    g_z = jax.grad(lambda z_: model.softmax_xent(z_, t))(z)
+    np.testing.assert_allclose(g_z, (jax.nn.softmax(z) - t) / B, rtol=1e-5, atol=1e-8)
+
+
+def test_row_adam_equals_optax_on_touched_rows_and_leaves_others_bit_identical():
+    rng = np.random.default_rng(3)
+    table = jnp.asarray(rng.normal(size=(12, 5)), jnp.float32)
+    rows = jnp.array([2, 7, 5, 12, 12], jnp.int32)  # two padding ids (>= 12)
+    real = np.array([2, 7, 5])
+    tx = optax.adam(1e-2)
+    sub = table[real]
+    sub_state = tx.init(sub)
+    state = sparse_adam.init(table)
+    update = jax.jit(sparse_adam.update, donate_argnums=(0, 1))
+    original = np.asarray(table)
+    for _ in range(4):
+        g = jnp.asarray(rng.normal(size=(5, 5)), jnp.float32)
+        table, state = update(table, state, rows, g, 1e-2)
+        u, sub_state = tx.update(g[:3], sub_state, sub)
+        sub = optax.apply_updates(sub, u)
+    np.testing.assert_allclose(np.asarray(table)[real], sub, rtol=1e-6, atol=1e-7)
+    untouched = np.setdiff1d(np.arange(12), real)
+    np.testing.assert_array_equal(np.asarray(table)[untouched], original[untouched])
+    np.testing.assert_array_equal(np.asarray(state.mu)[untouched], 0)
+    assert int(state.count) == 4
+
+
+def test_batch_shared_candidates_contain_labels_are_unique_and_fixed_size(batch):
+    rng = np.random.default_rng(4)
+    labels = jnp.asarray(batch["labels"])
+    retrieved = rng.integers(0, N + 1, (B, 8, 3)).astype(np.int32)
+    retrieved[0, :3, 0] = 250  # retrieved 3 times: must be kept
+    select = jax.jit(slide.batch_shared_candidates, static_argnums=(3, 4, 5, 6))
+    for sampler in slide.SAMPLERS:
+        ids, mask = select(labels, jnp.asarray(retrieved), jax.random.PRNGKey(1), M, N, 2, sampler)
+        ids, mask = np.asarray(ids), np.asarray(mask)
+        assert ids.shape == (M,) and mask.shape == (M,)
+        real = ids[mask]
+        assert len(np.unique(real)) == len(real) and np.all(real < N) and np.all(ids[~mask] == N)
+        assert set(batch["labels"][batch["labels"] < N].tolist()) <= set(real.tolist())
+        assert 250 in real
+        assert mask.sum() > 0.8 * M  # the random fill filled most of the rest
+    per_ids, per_mask = slide.per_example_candidates(labels, jnp.asarray(retrieved.reshape(B, -1)),
+                                                     jax.random.PRNGKey(2), 16, N)
+    for row, m_row, lab in zip(np.asarray(per_ids), np.asarray(per_mask), batch["labels"]):
+        assert len(np.unique(row[m_row])) == m_row.sum() and set(lab[lab < N].tolist()) <= set(row[m_row].tolist())
+
+
+def test_topk_chunked_equals_dense_and_precision_at_k(params, batch):
+    h = model.sparse_hidden(params["input"]["embedding"], params["input"]["bias"], batch["feat_ids"],
+                            batch["feat_vals"])
+    dense = np.asarray(model.output_logits(params["output"]["weight"], params["output"]["bias"], h))
+    ids = np.asarray(slide.topk(params, batch, 5, chunk=70))  # 300 = 4 * 70 + 20: last chunk overlaps
+    np.testing.assert_array_equal(ids, np.argsort(-dense, axis=1)[:, :5])
+    np.testing.assert_array_equal(ids, np.asarray(slide.topk(params, batch, 5)))
+    pred = jnp.array([[1, 2, 3, 4, 5], [9, 8, 7, 6, -1]], jnp.int32)
+    labels = jnp.array([[2, 5, 300], [300, 300, 300]], jnp.int32)
+    p = slide.precision_at_k(pred, labels)
+    assert float(p["P@1"]) == 0.0 and float(p["P@3"]) == pytest.approx(1 / 6) and float(p["P@5"]) == pytest.approx(0.2)
+    assert float(slide.precision_at_k(pred, labels, num_labels=N)["P@5"]) == pytest.approx(0.4)
+
+
+STEPS = {
+    "dense": slide.make_train_step("dense", learning_rate=1e-2),
+    "sampled": slide.make_train_step("sampled", learning_rate=1e-2, num_candidates=M, sampler="log_uniform"),
+    "lsh": slide.make_train_step("lsh", learning_rate=1e-2, num_candidates=M, bucket_capacity=8),
+    "lsh_per_example": slide.make_train_step("lsh", learning_rate=3e-2, num_candidates=64,
+                                             candidate_mode="per_example", bucket_capacity=4),
+}
+
+
+def test_embedding_and_output_rows_outside_the_batch_are_bit_identical(batch):
+    for name in ("sampled", "lsh"):
+        state = slide.init_state(jax.random.PRNGKey(5), NF, N, H, method=name, lsh_spec=TINY_LSH)
+        e0 = np.asarray(state.params["input"]["embedding"])
+        w0 = np.asarray(state.params["output"]["weight"])
+        state, _ = STEPS[name](state, batch, jax.random.PRNGKey(6))
+        e1 = np.asarray(state.params["input"]["embedding"])
+        active = np.unique(batch["feat_ids"][batch["feat_ids"] < NF])
+        inactive = np.setdiff1d(np.arange(NF), active)
+        np.testing.assert_array_equal(e1[inactive], e0[inactive])
+        assert np.all(np.any(e1[active] != e0[active], axis=1))
+        changed = np.any(np.asarray(state.params["output"]["weight"]) != w0, axis=1)
+        assert 0 < changed.sum() <= M
+        assert np.all(changed[np.unique(batch["labels"][batch["labels"] < N])])
+
+
+@pytest.mark.parametrize("name", list(STEPS))
+def test_every_method_learns_a_tiny_problem(name):
+    method = "lsh" if name.startswith("lsh") else name
+    state = slide.init_state(jax.random.PRNGKey(8), NF, N, H, method=method, lsh_spec=TINY_LSH)
+    rng = np.random.default_rng(9)
+    key = jax.random.PRNGKey(10)
+    losses = []
+    for i in range(150):
+        key, k_step, k_tables = jax.random.split(key, 3)
+        state, metrics = STEPS[name](state, learnable_batch(rng), k_step)
+        losses.append(float(metrics["loss"]))
+        if method == "lsh" and i % 25 == 24:
+            state = slide.redraw(state, k_tables) if i % 50 == 49 else slide.rebuild(state, k_tables)
+    assert int(state.step) == 150
+    floor = np.log(F)  # every example has F equally weighted labels: the loss cannot go below their entropy
+    assert np.mean(losses[-10:]) - floor < 0.5 * (np.mean(losses[:10]) - floor)
+    test = learnable_batch(np.random.default_rng(11), 256)
+    p = slide.precision_at_k(slide.topk(state.params, test, 5), test["labels"])
+    assert float(p["P@1"]) > 0.5  # chance is F / N = 1.3%
+    if method == "lsh":
+        ids = np.asarray(slide.topk_lsh(state.params, state.hash_fn, state.tables, test, 5, bucket_capacity=32))
+        assert ids.shape == (256, 5) and np.all((ids >= -1) & (ids < N))
