@@ -92,6 +92,7 @@ def test_dwta_matches_reference_including_densified_bins(dwta32):
     codes = np.asarray(lsh.codes(dwta32, x))
     np.testing.assert_array_equal(codes, dwta_reference(dwta32, x))
     assert np.all(codes[-1] == 0)  # all-zero vector: every bin empty, code 0 everywhere
+    np.testing.assert_array_equal(lsh.codes(dwta32, jnp.asarray(x, jnp.bfloat16)), codes)  # exact in bf16
     assert np.all((codes >= 0) & (codes < lsh.num_buckets(dwta32)))
 
 
@@ -283,6 +284,7 @@ def test_rebuild_schedule_redraws_on_its_own_period():
     assert schedule.redraw_steps(400) == [120, 240, 360]
     assert [s for s in range(400) if schedule.redraw_due(s)] == [120, 240, 360]
     assert schedule.due(120) and not schedule.due(0) and not schedule.due(49)
+    assert schedule.redraw_due(jnp.int32(240))  # a train state's step counter works as is
     assert schedule.due(50 * 1_000_000)  # no iteration over the past: large steps are cheap
 
 
