@@ -1,0 +1,337 @@
+"""Video frames for PredNet: folders of frame images, .npz/.hkl frame arrays, or synthetic moving objects.
+
+Everything is a `VideoFrames`: frames [n, H, W, C] (uint8 0..255, or float32 0..1), a per-frame `sources`
+array naming the video each frame belongs to (consecutive frames of one video are consecutive in the
+array: the reference KITTI format, X [n, H, W, 3] uint8 + sources [n] strings), and a `source` string for
+the run record. Training clips are `nt` consecutive frames that never cross a source boundary.
+
+Numpy only (images are decoded with Pillow, which matplotlib already depends on); no JAX here.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from hwrepro.data.errors import DataError
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
+SPLIT_SEED_OFFSET = {"train": 0, "val": 1, "test": 2}  # synthetic splits: disjoint seeds, same generator
+START_MODES = ("all", "unique")
+
+
+@dataclass(frozen=True)
+class VideoFrames:
+    frames: np.ndarray   # [n, H, W, C] uint8 in 0..255 or float32 in 0..1
+    sources: np.ndarray  # [n] str: the video of each frame
+    source: str          # where the frames came from (a path, or 'synthetic: ...')
+
+
+def to_unit_float(frames: np.ndarray) -> np.ndarray:
+    """uint8 0..255 -> float32 0..1 (the reference's X / 255); float input is returned as float32."""
+    if frames.dtype == np.uint8:
+        return frames.astype(np.float32) / np.float32(255.0)
+    return frames.astype(np.float32)
+
+
+def _area_weights(n_in: int, n_out: int) -> np.ndarray:
+    """[n_out, n_in] matrix averaging, for each output pixel, the input pixels its footprint overlaps,
+    weighted by overlap length (box / 'area' resampling; also valid when upsampling)."""
+    edges = np.arange(n_out + 1) * (n_in / n_out)
+    lo, hi = edges[:-1, None], edges[1:, None]
+    pix = np.arange(n_in)[None, :]
+    overlap = np.clip(np.minimum(hi, pix + 1) - np.maximum(lo, pix), 0.0, None)
+    return overlap / overlap.sum(axis=1, keepdims=True)
+
+
+def resize_frames(frames: np.ndarray, size: tuple[int, int], method: str = "area") -> np.ndarray:
+    """Resizes [n, H, W, C] to [n, h, w, C] with 'area' (box average) or 'nearest'; keeps the dtype
+    (uint8 results are rounded)."""
+    n, height, width, _ = frames.shape
+    out_h, out_w = size
+    if (height, width) == (out_h, out_w):
+        return frames
+    if method == "nearest":
+        rows = np.minimum(((np.arange(out_h) + 0.5) * height / out_h).astype(np.int64), height - 1)
+        cols = np.minimum(((np.arange(out_w) + 0.5) * width / out_w).astype(np.int64), width - 1)
+        return frames[:, rows][:, :, cols]
+    if method != "area":
+        raise DataError(f"resize method must be 'area' or 'nearest', got {method!r}")
+    wy, wx = _area_weights(height, out_h), _area_weights(width, out_w)
+    # One axis at a time: a single three-operand einsum would loop over all of H x W x h x w.
+    rows = np.einsum("yh,nhwc->nywc", wy.astype(np.float32), frames.astype(np.float32))
+    out = np.einsum("nywc,xw->nyxc", rows, wx.astype(np.float32))
+    if frames.dtype == np.uint8:
+        return np.clip(np.rint(out), 0, 255).astype(np.uint8)
+    return out.astype(frames.dtype)
+
+
+def fit_frames(frames: np.ndarray, size: tuple[int, int], method: str = "area") -> np.ndarray:
+    """Scales [n, H, W, C] so it covers `size` keeping the aspect ratio, then crops the centre to `size`.
+
+    This is the reference KITTI preprocessing (scale to the target height, centre-crop the width); frames
+    already of the target aspect ratio are plainly resized.
+    """
+    _, height, width, _ = frames.shape
+    out_h, out_w = size
+    scale = max(out_h / height, out_w / width)
+    mid_h, mid_w = max(out_h, round(height * scale)), max(out_w, round(width * scale))
+    scaled = resize_frames(frames, (mid_h, mid_w), method)
+    top, left = (mid_h - out_h) // 2, (mid_w - out_w) // 2
+    return scaled[:, top:top + out_h, left:left + out_w]
+
+
+def _natural_key(path: Path) -> list:
+    """Sort key that orders frame_2.png before frame_10.png."""
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", path.name)]
+
+
+def _image_files(folder: Path) -> list[Path]:
+    files = [p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES]
+    return sorted(files, key=_natural_key)
+
+
+def read_image(path: Path, channels: int) -> np.ndarray:
+    """One frame file as uint8 [H, W, channels] (channels 1: greyscale, 3: RGB)."""
+    from PIL import Image, UnidentifiedImageError  # Pillow ships with matplotlib
+
+    try:
+        with Image.open(path) as img:
+            pixels = np.asarray(img.convert("L" if channels == 1 else "RGB"), dtype=np.uint8)
+    except (OSError, ValueError, UnidentifiedImageError) as e:
+        raise DataError(f"{path}: cannot read image ({e})") from None
+    return pixels.reshape(*pixels.shape[:2], channels)
+
+
+def read_frame_folder(path: str | Path, channels: int = 3, image_size: tuple[int, int] | None = None,
+                      resize: str = "area") -> VideoFrames:
+    """Frames from image files (PNG/JPEG): one sub-folder per video (its name is the source), frames in
+    natural file-name order; a folder holding images directly is one video.
+
+    Without `image_size` every frame must have the first frame's size (else DataError); with it, each video
+    is fitted to it (`fit_frames`).
+    """
+    root = Path(path)
+    if not root.is_dir():
+        raise DataError(f"{root}: not a folder of frame images")
+    videos = [d for d in sorted(root.iterdir(), key=_natural_key) if d.is_dir() and _image_files(d)]
+    if not videos and _image_files(root):
+        videos = [root]
+    if not videos:
+        raise DataError(f"{root}: no {'/'.join(IMAGE_SUFFIXES)} frames in it or its sub-folders")
+    frames, sources = [], []
+    first_shape = None
+    for video in videos:
+        files = _image_files(video)
+        images = [read_image(f, channels) for f in files]
+        if image_size is None:
+            for f, img in zip(files, images):
+                first_shape = first_shape or (img.shape, f)
+                if img.shape != first_shape[0]:
+                    raise DataError(f"{f}: frame of shape {img.shape}, but {first_shape[1]} has "
+                                    f"{first_shape[0]} (set an image size to resize)")
+            frames.append(np.stack(images))
+        else:
+            frames.append(np.concatenate([fit_frames(img[None], image_size, resize) for img in images]))
+        sources += [video.name] * len(files)
+    return VideoFrames(np.concatenate(frames), np.array(sources), source=str(root))
+
+
+def _load_hkl(path: Path) -> np.ndarray:
+    try:
+        import hickle
+    except ImportError:
+        raise DataError(f"{path}: reading .hkl needs the hickle package (pip install hickle), "
+                        f"or convert the arrays to .npz with keys X and sources") from None
+    try:
+        return np.asarray(hickle.load(str(path)))
+    except Exception as e:  # hickle raises assorted h5py/OSError/ValueError types on bad files
+        raise DataError(f"{path}: cannot read hickle file ({e})") from None
+
+
+def read_frame_arrays(path: str | Path, sources_path: str | Path | None = None,
+                      image_size: tuple[int, int] | None = None, resize: str = "area") -> VideoFrames:
+    """Frames from arrays: a .npz with X [n, H, W, C] and sources [n], or the reference's hickle pair
+    X_<split>.hkl + sources_<split>.hkl (`sources_path` defaults to that sibling).
+
+    X is uint8 0..255, or float in 0..1. With `image_size` the frames are fitted to it (`fit_frames`).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: no such file")
+    if path.suffix == ".npz":
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                arrays = {k: data[k] for k in data.files if k in ("X", "sources")}
+        except (OSError, ValueError) as e:
+            raise DataError(f"{path}: cannot read .npz ({e})") from None
+        missing = {"X", "sources"} - set(arrays)
+        if missing:
+            raise DataError(f"{path}: .npz lacks {', '.join(sorted(missing))}")
+        frames, sources = arrays["X"], arrays["sources"]
+    elif path.suffix == ".hkl":
+        if sources_path is None:
+            sources_path = path.with_name(re.sub(r"^X_", "sources_", path.name))
+            if sources_path == path:
+                raise DataError(f"{path}: cannot infer the sources file (expected a name X_<split>.hkl)")
+        frames, sources = _load_hkl(path), _load_hkl(Path(sources_path))
+    else:
+        raise DataError(f"{path}: frame arrays must be .npz or .hkl")
+    if frames.ndim == 3:
+        frames = frames[..., None]
+    if frames.ndim != 4:
+        raise DataError(f"{path}: X has shape {frames.shape}, expected [n, H, W, C]")
+    sources = np.asarray(sources).astype(str).reshape(-1)
+    if len(sources) != len(frames):
+        raise DataError(f"{path}: {len(sources)} sources for {len(frames)} frames")
+    if frames.dtype != np.uint8:
+        frames = frames.astype(np.float32)
+    if image_size is not None:
+        frames = fit_frames(frames, image_size, resize)
+    return VideoFrames(frames, sources, source=str(path))
+
+
+def _reflect(x: np.ndarray, span: np.ndarray) -> np.ndarray:
+    """Position bouncing between 0 and span (a triangle wave), elementwise."""
+    return span - np.abs(np.mod(x, 2 * span) - span)
+
+
+def synthetic_moving_objects(num_videos: int = 64, frames_per_video: int = 20,
+                             image_size: tuple[int, int] = (32, 32), channels: int = 1,
+                             num_objects: int = 2, shape: str = "square",
+                             object_size: tuple[float, float] = (6.0, 10.0),
+                             speed: tuple[float, float] = (1.0, 2.5), seed: int = 0) -> VideoFrames:
+    """Deterministic videos of objects moving at constant velocity and bouncing off the borders.
+
+    Each object (a square or a disc, drawn anti-aliased by exact pixel coverage for squares and a one-pixel
+    soft edge for discs) has a random size, start, direction, speed and grey level (channels 1) or colour
+    (channels 3), all drawn from `np.random.default_rng(seed)`. Overlaps take the brighter object. Returns
+    uint8 frames [num_videos * frames_per_video, H, W, channels].
+    """
+    if shape not in ("square", "disc"):
+        raise DataError(f"synthetic object shape must be 'square' or 'disc', got {shape!r}")
+    rng = np.random.default_rng(seed)
+    height, width = image_size
+    extent = np.array([height, width], np.float64)
+    size = rng.uniform(*object_size, (num_videos, num_objects, 1))
+    span = np.maximum(extent - size, 1e-6)                       # room to move, [V, K, 2]
+    start = rng.uniform(0.0, 1.0, (num_videos, num_objects, 2)) * span
+    angle = rng.uniform(0.0, 2 * np.pi, (num_videos, num_objects))
+    speeds = rng.uniform(*speed, (num_videos, num_objects))
+    velocity = speeds[..., None] * np.stack([np.sin(angle), np.cos(angle)], axis=-1)
+    low = 0.2 if channels == 3 else 0.5
+    colour = rng.uniform(low, 1.0, (num_videos, num_objects, channels))
+
+    t = np.arange(frames_per_video, dtype=np.float64)[:, None, None]
+    ys, xs = np.arange(height, dtype=np.float64), np.arange(width, dtype=np.float64)
+    frames = np.empty((num_videos, frames_per_video, height, width, channels), np.uint8)
+    for v in range(num_videos):  # one video at a time bounds memory at [T, K, H, W]
+        pos = _reflect(start[v] + velocity[v] * t, span[v])       # [T, K, 2] top-left corners
+        s = size[v, :, 0][None, :, None]                          # [1, K, 1]
+        if shape == "square":
+            cover_y = np.clip(np.minimum(ys + 1, pos[..., 0:1] + s) - np.maximum(ys, pos[..., 0:1]), 0, 1)
+            cover_x = np.clip(np.minimum(xs + 1, pos[..., 1:2] + s) - np.maximum(xs, pos[..., 1:2]), 0, 1)
+            mask = cover_y[..., :, None] * cover_x[..., None, :]  # [T, K, H, W]
+        else:
+            dy = ys + 0.5 - (pos[..., 0:1] + s / 2)
+            dx = xs + 0.5 - (pos[..., 1:2] + s / 2)
+            dist = np.sqrt(dy[..., :, None] ** 2 + dx[..., None, :] ** 2)
+            mask = np.clip(s[..., None] / 2 - dist + 0.5, 0, 1)
+        image = (mask[..., None] * colour[v][None, :, None, None, :]).max(axis=1)  # [T, H, W, C]
+        frames[v] = np.rint(image * 255).astype(np.uint8)
+    sources = np.repeat([f"synthetic-{seed}-{v:04d}" for v in range(num_videos)], frames_per_video)
+    desc = (f"synthetic: bouncing {shape}s (seed {seed}, {num_videos} videos x {frames_per_video} frames, "
+            f"{height}x{width}x{channels}); not real video")
+    return VideoFrames(frames.reshape(-1, height, width, channels), sources, source=desc)
+
+
+def sequence_starts(sources: np.ndarray, nt: int, mode: str = "all") -> np.ndarray:
+    """First-frame indices of the nt-frame clips that stay within one video. int64 [m].
+
+    A video is a maximal run of equal consecutive `sources`. 'all': every start whose clip fits in its run
+    (the reference's sequence_start_mode='all', including the last possible start, which its range() skips);
+    'unique': non-overlapping clips, run_start + k * nt (the reference's 'unique', used for evaluation).
+    Raises DataError when no video has nt frames.
+    """
+    if mode not in START_MODES:
+        raise DataError(f"sequence start mode must be one of {START_MODES}, got {mode!r}")
+    sources = np.asarray(sources)
+    n = len(sources)
+    boundaries = np.flatnonzero(sources[1:] != sources[:-1]) + 1
+    run_starts = np.concatenate([[0], boundaries])
+    run_lengths = np.diff(np.concatenate([run_starts, [n]]))
+    if n == 0 or run_lengths.max() < nt:
+        longest = int(run_lengths.max()) if n else 0
+        raise DataError(f"no video has nt={nt} frames (longest: {longest} frames, {len(run_starts)} videos)")
+    per_run = run_lengths - nt + 1 if mode == "all" else run_lengths // nt
+    per_run = np.maximum(per_run, 0)
+    step = 1 if mode == "all" else nt
+    run_of_clip = np.repeat(np.arange(len(run_starts)), per_run)
+    rank_in_run = np.arange(per_run.sum()) - np.repeat(np.cumsum(per_run) - per_run, per_run)
+    return (run_starts[run_of_clip] + step * rank_in_run).astype(np.int64)
+
+
+def clips(video: VideoFrames, starts: np.ndarray, nt: int) -> np.ndarray:
+    """float32 [len(starts), nt, H, W, C] in 0..1: the clips beginning at `starts`."""
+    return to_unit_float(video.frames[np.asarray(starts)[:, None] + np.arange(nt)[None, :]])
+
+
+def batches(video: VideoFrames, nt: int, batch_size: int, seed: int, shuffle: bool = True,
+            mode: str = "all") -> Iterator[np.ndarray]:
+    """Endless float32 [batch_size, nt, H, W, C] batches of clips in 0..1.
+
+    With `shuffle`, each pass over the clips is a fresh permutation from `np.random.default_rng(seed)`;
+    passes are chained, so every batch is full (one compilation) and no clip is dropped for good.
+    """
+    starts = sequence_starts(video.sources, nt, mode)
+    if len(starts) < batch_size:
+        raise DataError(f"{video.source}: only {len(starts)} clips of nt={nt} frames, fewer than batch {batch_size}")
+    rng = np.random.default_rng(seed)
+    pending = np.empty((0,), np.int64)
+    while True:
+        while len(pending) < batch_size:
+            pending = np.concatenate([pending, rng.permutation(starts) if shuffle else starts])
+        batch, pending = pending[:batch_size], pending[batch_size:]
+        yield clips(video, batch, nt)
+
+
+def find_split(data_dir: str | Path, split: str) -> Path | None:
+    """The real data for `split` under data_dir, or None: <split>.npz, X_<split>.hkl, or folder <split>/."""
+    root = Path(data_dir)
+    for candidate in (root / f"{split}.npz", root / f"X_{split}.hkl", root / split):
+        if candidate.exists():
+            return candidate
+    return None
+
+
+def load_split(source: str, data_dir: str, split: str, *, image_size: tuple[int, int], channels: int,
+               resize: str = "area", seed: int = 0, synthetic: dict | None = None) -> VideoFrames:
+    """Resolves data.source for one split ('train', 'val' or 'test').
+
+    'auto': real data under data_dir (`find_split`) when there, else the synthetic stand-in;
+    'arrays' / 'folder': force that real format (DataError when absent); 'synthetic': always synthetic,
+    seeded by `seed` plus a per-split offset so the splits are different videos; `synthetic` holds extra
+    `synthetic_moving_objects` arguments.
+    """
+    if source not in ("auto", "arrays", "folder", "synthetic"):
+        raise DataError(f"data.source={source!r} is not one of auto, arrays, folder, synthetic")
+    found = find_split(data_dir, split) if data_dir and source != "synthetic" else None
+    if source in ("arrays", "folder"):
+        if not data_dir:
+            raise DataError(f"data.source={source} needs data.dir")
+        if found is None or found.is_dir() != (source == "folder"):
+            want = f"{split}/ (one sub-folder per video)" if source == "folder" else f"{split}.npz or X_{split}.hkl"
+            raise DataError(f"{data_dir}: no {want}")
+    if found is not None:
+        if found.is_dir():
+            return read_frame_folder(found, channels, image_size, resize)
+        video = read_frame_arrays(found, image_size=image_size, resize=resize)
+        if video.frames.shape[-1] != channels:
+            raise DataError(f"{found}: frames have {video.frames.shape[-1]} channels, config asks for {channels}")
+        return video
+    split_seed = seed + 1000 * SPLIT_SEED_OFFSET.get(split, 3)
+    return synthetic_moving_objects(image_size=image_size, channels=channels, seed=split_seed, **(synthetic or {}))
