@@ -417,6 +417,23 @@ def _sparse_step(
 # ----------------------------------------------------------------------------------------------- evaluation
 
 
+def blocked_top_k(x: jax.Array, k: int, block: int = 128) -> tuple[jax.Array, jax.Array]:
+    """`jax.lax.top_k` over the last axis of x [B, n], exact, for n a multiple of `block`.
+
+    XLA's CPU top_k over a long row costs nearly as much as the matmul that made it; here only the
+    [B, n / block] block maxima go through top_k, then the k best blocks' elements: the k largest elements
+    always lie in the k blocks with the largest maxima (each of them is beaten by its own block's maximum).
+    """
+    b, n = x.shape
+    if n % block or n // block < k:
+        return jax.lax.top_k(x, k)
+    blocks = x.reshape(b, n // block, block)
+    _, best = jax.lax.top_k(blocks.max(axis=2), k)                           # [B, k] block ids
+    inside = jnp.take_along_axis(blocks, best[:, :, None], axis=1).reshape(b, k * block)
+    v, j = jax.lax.top_k(inside, k)
+    return v, jnp.take_along_axis(best, j // block, axis=1) * block + j % block
+
+
 @functools.partial(jax.jit, static_argnames=("k", "chunk", "dtype"))
 def topk(params: Params, batch: Batch, k: int, chunk: int = 131072, dtype: Any = jnp.float32) -> jax.Array:
     """The k highest-scoring labels per example by dense scoring: int32 [B, k], best first.
@@ -437,7 +454,7 @@ def topk(params: Params, batch: Batch, k: int, chunk: int = 131072, dtype: Any =
         z = model.candidate_logits(jax.lax.dynamic_slice_in_dim(weight, start, chunk),
                                    jax.lax.dynamic_slice_in_dim(bias, start, chunk), h, dtype)
         ids = start + jnp.arange(chunk, dtype=jnp.int32)
-        v, j = jax.lax.top_k(jnp.where(ids >= i * chunk, z, -jnp.inf), k)
+        v, j = blocked_top_k(jnp.where(ids >= i * chunk, z, -jnp.inf), k)
         all_v = jnp.concatenate([best[0], v], axis=1)
         all_i = jnp.concatenate([best[1], ids[j]], axis=1)
         v, j = jax.lax.top_k(all_v, k)

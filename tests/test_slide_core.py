@@ -211,3 +211,14 @@ def test_every_method_learns_a_tiny_problem(name):
     if method == "lsh":
         ids = np.asarray(slide.topk_lsh(state.params, state.hash_fn, state.tables, test, 5, bucket_capacity=32))
         assert ids.shape == (256, 5) and np.all((ids >= -1) & (ids < N))
+
+
+def test_blocked_top_k_equals_top_k():
+    from hwrepro.slide import blocked_top_k
+
+    x = jax.random.normal(jax.random.key(3), (6, 1024))
+    x = x.at[0, :256].set(5.0 + jnp.arange(256) * 1e-3)   # the best values crowded into a few blocks
+    v, i = blocked_top_k(x, 5, block=64)
+    v_ref, i_ref = jax.lax.top_k(x, 5)
+    np.testing.assert_array_equal(np.asarray(i), np.asarray(i_ref))
+    np.testing.assert_array_equal(np.asarray(v), np.asarray(v_ref))
