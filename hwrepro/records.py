@@ -252,7 +252,7 @@ class Run:
     def fail(self, why: str) -> None:
         self.info.update(status=f"failed: {why}", end_time=now())
         self._write_info()
-        self.print(f"run failed: {why}")
+        self._log.write(f"run failed: {why}\n")  # the launcher prints the one error line the user sees
         self.close()
 
     def close(self) -> None:
