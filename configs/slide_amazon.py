@@ -62,6 +62,7 @@ def slide_config(dataset: str, method: str) -> ml_collections.ConfigDict:
     c.eval = ml_collections.ConfigDict()
     c.eval.subset = 2048              # fixed shuffled test subset during training (not SLIDE's first lines)
     c.eval.batch_size = 256
+    c.eval.final_points = 0           # final P@k on: 0 = the whole test split, else a fixed shuffled subset
     return c
 
 

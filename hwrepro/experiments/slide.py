@@ -43,6 +43,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
         group, field = name.split(".")
         if config[group][field] <= 0:
             raise ConfigError(f"{name}={config[group][field]} must be positive")
+    if config.eval.final_points < 0:
+        raise ConfigError(f"eval.final_points={config.eval.final_points} must not be negative")
     if d.dataset == "text8" and m.candidate_mode == "per_example" and m.num_candidates < 2 * d.window:
         raise ConfigError(f"model.num_candidates={m.num_candidates} is below the {2 * d.window} context words")
 
@@ -68,11 +70,13 @@ class Data:
         self.num_features, self.num_labels = train.num_features, train.num_labels
         self.num_train = train.num_points
         self.batcher = xc.XCBatcher(train, d.max_features, d.max_labels)
-        self.test = xc.XCBatcher(test, d.max_features, d.max_labels)
+        final = test if not config.eval.final_points else xc.fixed_subset(test, config.eval.final_points, d.seed)
+        self.test = xc.XCBatcher(final, d.max_features, d.max_labels)
         self.subset = xc.XCBatcher(xc.fixed_subset(test, config.eval.subset, d.seed), d.max_features,
                                    d.max_labels)
         self.steps_per_epoch = self.batcher.steps_per_epoch(config.train.batch_size)
         self.details = {"num_train": train.num_points, "num_test": test.num_points,
+                        "num_final_eval": final.num_points,
                         "num_features": train.num_features, "num_labels": train.num_labels,
                         "truncation_train": vars(self.batcher.truncation),
                         "features_per_point": float(train.features_per_point().mean()),
@@ -225,5 +229,6 @@ def run(config: ml_collections.ConfigDict, rec: Run):
             data.num_labels).items()})
     final["final_eval_seconds"] = time.time() - t
     rec.print(f"{m.method}: {final['seconds_per_epoch']:.1f} s/epoch (rebuilds {timing['rebuild_seconds']:.1f} s), "
-              + " ".join(f"P@{k} {final[f'test_P@{k}']:.4f}" for k in KS) + " on the whole test split")
+              + " ".join(f"P@{k} {final[f'test_P@{k}']:.4f}" for k in KS)
+              + (f" on {config.eval.final_points} test points" if config.eval.final_points else " on the whole test split"))
     return final, state.params
