@@ -272,7 +272,7 @@ def shared_targets(labels: jax.Array, candidates: jax.Array, num_labels: int) ->
     m = candidates.shape[0]
     pos = jnp.full(num_labels, m, jnp.int32).at[candidates].set(jnp.arange(m, dtype=jnp.int32), mode="drop")
     label_pos = pos.at[labels].get(mode="fill", fill_value=m)
-    return _scatter_targets(labels, label_pos, num_labels, m)
+    return model.label_targets(labels, num_labels, columns=label_pos, width=m)
 
 
 def per_example_targets(labels: jax.Array, candidates: jax.Array, num_labels: int) -> jax.Array:
@@ -280,14 +280,6 @@ def per_example_targets(labels: jax.Array, candidates: jax.Array, num_labels: in
     hit = (candidates[:, None, :] == labels[:, :, None]) & (labels < num_labels)[:, :, None]
     per = 1.0 / jnp.maximum(jnp.sum(labels < num_labels, axis=1), 1)
     return jnp.sum(hit, axis=1).astype(jnp.float32) * per[:, None]
-
-
-def _scatter_targets(labels: jax.Array, label_pos: jax.Array, num_labels: int, m: int) -> jax.Array:
-    valid = labels < num_labels
-    per = 1.0 / jnp.maximum(jnp.sum(valid, axis=1, keepdims=True), 1)
-    rows = jnp.broadcast_to(jnp.arange(labels.shape[0])[:, None], labels.shape)
-    t = jnp.zeros((labels.shape[0], m), jnp.float32)
-    return t.at[rows, label_pos].add(jnp.where(valid, per, 0.0), mode="drop")
 
 
 # ----------------------------------------------------------------------------------------------- steps

@@ -134,13 +134,19 @@ def _xent_bwd(res, g):
 _xent.defvjp(_xent_fwd, _xent_bwd)
 
 
-def label_targets(labels: jax.Array, num_labels: int) -> jax.Array:
-    """Dense normalised multi-label targets float32 [B, num_labels] from labels [B, L] padded with num_labels."""
+def label_targets(labels: jax.Array, num_labels: int, columns: jax.Array | None = None,
+                  width: int | None = None) -> jax.Array:
+    """Normalised multi-label targets float32 [B, width]: 1/|labels_b| at each true label's column.
+
+    labels [B, L] padded with num_labels. By default the column is the label id (dense targets, width
+    num_labels); `columns` [B, L] puts each label elsewhere, e.g. at its slot in a candidate set of `width`
+    (columns >= width are dropped).
+    """
     valid = labels < num_labels
     per = 1.0 / jnp.maximum(jnp.sum(valid, axis=1, keepdims=True), 1)
     rows = jnp.broadcast_to(jnp.arange(labels.shape[0])[:, None], labels.shape)
-    t = jnp.zeros((labels.shape[0], num_labels), jnp.float32)
-    return t.at[rows, labels].add(jnp.where(valid, per, 0.0), mode="drop")
+    t = jnp.zeros((labels.shape[0], num_labels if width is None else width), jnp.float32)
+    return t.at[rows, labels if columns is None else columns].add(jnp.where(valid, per, 0.0), mode="drop")
 
 
 def lsh_logits(
