@@ -1,0 +1,272 @@
+"""Runs a sweep: every point of `config.sweep` in its own subprocess, resumable, then the report.
+
+    python launch.py --config=configs/sweep_autoencoder.py --workdir=runs/sweep_autoencoder [--shard=0/2]
+
+The sweep folder DIR holds
+- sweep.json       the base config (the config without `sweep` and `report`), every point (name, overrides,
+                   configuration = the name without the seed), the shard this invocation ran, report settings;
+- DIR/<point>/     one run folder per point (config.json, run.json, metrics.jsonl, final.json, ...), plus
+                   output.txt, everything the point's process printed;
+- report.md, *.png the comparison (hwrepro.report), rewritten at the end of every invocation.
+
+A point whose run.json says `done` is never run again, so rerunning the same command resumes a killed sweep.
+A failing point is recorded (`failed: why` in its run.json) and the sweep goes on; a point asking for a
+platform this machine lacks (exit code 3) is recorded as `skipped: why`. Points are run one after another:
+each may use every core (its `numerics.threads` decides), and timings stay comparable.
+
+No JAX here: each point's process must start JAX itself, with its own XLA_FLAGS.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import ml_collections
+
+from hwrepro import records, runner, sweep_grid
+from hwrepro.errors import HwreproError
+from hwrepro.sweep_grid import Point
+
+SWEEP_FILE = "sweep.json"
+OUTPUT_FILE = "output.txt"
+DEFAULT_GROUP_OVER = ("seed",)  # fields whose values are repeats of one configuration, not set-ups
+
+
+class SweepMismatch(HwreproError):
+    """DIR already holds a sweep with a different base config; resuming into it would mix results."""
+
+
+def report_settings(config: ml_collections.ConfigDict) -> dict[str, Any]:
+    """config.report as a plain dict ({} when the config has none)."""
+    report = config.get("report")
+    if report is None:
+        return {}
+    return report.to_dict() if hasattr(report, "to_dict") else dict(report)
+
+
+def group_over(config: ml_collections.ConfigDict) -> tuple[str, ...]:
+    """The dotted fields whose values are repeats (seeds): report.group_over, default ('seed',)."""
+    return tuple(report_settings(config).get("group_over", DEFAULT_GROUP_OVER))
+
+
+def point_config(config: ml_collections.ConfigDict, point: Point) -> ml_collections.ConfigDict:
+    """The config one point runs: the base config (no `sweep`, no `report`) with the point's overrides."""
+    out = sweep_grid.apply(config, point.overrides)
+    if "report" in out:
+        del out["report"]
+    return out
+
+
+def configuration_name(point: Point, repeats: Sequence[str] = DEFAULT_GROUP_OVER) -> str:
+    """The point's name without its repeat fields (seed): the set-up it belongs to, e.g.
+    `precision=bf16,isa=AVX2,threads=1` for `precision=bf16,isa=AVX2,threads=1,seed=0`."""
+    kept = {f: v for f, v in point.overrides.items() if f not in repeats}
+    parts = point.name.split(",")
+    if point.name != sweep_grid.BASE_NAME and len(parts) == len(point.overrides):
+        # Names are `alias=value` per override, in order (values never contain commas): keep the aliases.
+        return ",".join(p for p, f in zip(parts, point.overrides) if f not in repeats) or sweep_grid.BASE_NAME
+    return sweep_grid.point_name(kept, {f: f for f in kept})  # the name was cut to length: use whole fields
+
+
+def sweep_record(config: ml_collections.ConfigDict, points: Sequence[Point], selected: Sequence[Point],
+                 shard: str | None) -> dict[str, Any]:
+    """The content of sweep.json."""
+    repeats = group_over(config)
+    return {
+        "experiment": config.experiment,
+        "name": config.get("name"),
+        "base_config": point_config(config, Point(sweep_grid.BASE_NAME, {})).to_dict(),
+        "sweep": config.sweep.to_dict(),
+        "report": report_settings(config),
+        "group_over": list(repeats),
+        "points": [{"name": p.name, "overrides": p.overrides, "configuration": configuration_name(p, repeats)}
+                   for p in points],
+        "shard": shard,
+        "shard_points": [p.name for p in selected],
+        "written": records.now(),
+    }
+
+
+def _check_same_sweep(path: Path, record: dict[str, Any]) -> None:
+    """Refuses to resume into a folder whose sweep.json has another base config."""
+    try:
+        old = records.read_json(path)
+    except (OSError, ValueError):
+        return
+    # Through JSON both ways, so tuples and lists compare equal.
+    if json.loads(json.dumps(old.get("base_config"), default=str)) != \
+            json.loads(json.dumps(record["base_config"], default=str)):
+        raise SweepMismatch(f"{path} holds a sweep with a different base config; its finished points would "
+                            "not be comparable: choose another --workdir")
+
+
+def _last_error_line(output: Path) -> str | None:
+    """The last `error: ...` line the point's process printed (the runner's one-line error), if any."""
+    try:
+        lines = output.read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    errors = [line[len("error: "):].strip() for line in lines if line.startswith("error: ")]
+    return errors[-1] if errors else None
+
+
+def _set_status(run_dir: Path, status: str, name: str) -> None:
+    """Writes `status` into run_dir/run.json, keeping what the point's process recorded, if anything."""
+    path = run_dir / "run.json"
+    try:
+        info = records.read_json(path)
+    except (OSError, ValueError):
+        info = {"name": name}
+    info.update(status=status, end_time=records.now(), status_by="hwrepro.sweep")
+    records.write_json_atomic(path, info)
+
+
+def _settle(run_dir: Path, name: str, code: int) -> str:
+    """The point's final status after its process exited with `code`, written to run.json if the process
+    could not write it itself (it crashed, was killed, or stopped before its record was open)."""
+    status = records.status_of(run_dir)
+    if code == runner.EXIT_DONE and status == "done":
+        return status
+    why = _last_error_line(run_dir / OUTPUT_FILE)
+    if code == runner.EXIT_SKIPPED:
+        status = f"skipped: {why or 'platform not available'}"
+    elif status is None or not status.startswith("failed"):
+        detail = why or (f"killed by signal {-code}" if code < 0 else "no run record written")
+        status = f"failed: exit code {code}: {detail} (see {OUTPUT_FILE})"
+    else:
+        return status
+    _set_status(run_dir, status, name)
+    return status
+
+
+def _metric_text(run_dir: Path, metric: str | None) -> str:
+    """`metric value` from final.json for the progress line ('' when there is none)."""
+    try:
+        final = records.read_json(run_dir / "final.json")
+    except (OSError, ValueError):
+        return ""
+    if metric not in final:
+        metric = next((k for k, v in final.items() if isinstance(v, float) and k != "wall_seconds"), None)
+    if metric is None:
+        return ""
+    value = final[metric]
+    return f", {metric} {value:.4g}" if isinstance(value, (int, float)) else f", {metric} {value}"
+
+
+def format_seconds(s: float) -> str:
+    """h:mm:ss (hwrepro.train_loop has the same, but importing it would start JAX in the launcher)."""
+    s = int(round(s))
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+
+
+def _raise_keyboard_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+class _TermAsInterrupt:
+    """While active, SIGTERM stops the sweep like Ctrl-C does (the running point is recorded as
+    interrupted), so `kill PID` of a background sweep leaves a clean, resumable folder."""
+
+    def __enter__(self):
+        try:
+            self.previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+        except ValueError:  # not the main thread: signals cannot be handled here
+            self.previous = None
+        return self
+
+    def __exit__(self, *exc):
+        if self.previous is not None:
+            signal.signal(signal.SIGTERM, self.previous)
+        return False
+
+
+def run_sweep(config: ml_collections.ConfigDict, workdir: Path, shard: str | None = None) -> int:
+    """Runs the sweep's points (or shard "i/n" of them) in DIR=workdir and writes the report.
+
+    Returns runner.EXIT_DONE (0) when no point failed (skipped points are not failures), else EXIT_FAILED.
+    Raises ConfigError for a bad sweep or shard and SweepMismatch for a DIR holding another sweep, before
+    any point runs.
+    """
+    workdir = Path(workdir)
+    points = sweep_grid.expand(config)
+    selected = sweep_grid.shard(points, shard) if shard else list(points)
+    for point in selected:  # every point's config must be runnable before the first one starts
+        runner.validate(point_config(config, point))
+    record = sweep_record(config, points, selected, shard)
+    workdir.mkdir(parents=True, exist_ok=True)
+    _check_same_sweep(workdir / SWEEP_FILE, record)
+    records.write_json_atomic(workdir / SWEEP_FILE, record)
+
+    metric = record["report"].get("metric")
+    total = len(selected)
+    print(f"sweep '{config.get('name')}': {total} point(s)"
+          + (f" (shard {shard} of {len(points)})" if shard else "") + f" in {workdir}", flush=True)
+    counts = {"done": 0, "failed": 0, "skipped": 0}
+    ran_seconds, ran = 0.0, 0
+    point, interrupted = None, False
+    with _TermAsInterrupt():
+        try:
+            for i, point in enumerate(selected, 1):
+                run_dir = workdir / point.name
+                prefix = f"[{i}/{total}] {point.name}:"
+                if records.status_of(run_dir) == "done":
+                    counts["done"] += 1
+                    print(f"{prefix} already done{_metric_text(run_dir, metric)}", flush=True)
+                    continue
+                status, seconds = _attempt(config, point, run_dir)
+                kind = status.split(":")[0]
+                counts[kind if kind in counts else "failed"] += 1
+                line = f"{prefix} {status}"
+                if kind == "done":
+                    ran_seconds, ran = ran_seconds + seconds, ran + 1
+                    line = f"{prefix} done in {seconds:.1f} s{_metric_text(run_dir, metric)}"
+                left = sum(1 for p in selected[i:] if records.status_of(workdir / p.name) != "done")
+                if left and ran:  # from the points that trained; skipped ones take seconds, so it is an upper bound
+                    line += f" | ETA {format_seconds(left * ran_seconds / ran)} for {left} more"
+                print(line, flush=True)
+                point = None
+        except KeyboardInterrupt:
+            interrupted = True
+            if point is not None and records.status_of(workdir / point.name) != "done":
+                # The point's process may have been killed before it could say so itself.
+                _set_status(workdir / point.name, "failed: interrupted", point.name)
+                counts["failed"] += 1
+                print(f"[{i}/{total}] {point.name}: failed: interrupted", flush=True)
+
+    summary = f"{counts['done']} done, {counts['failed']} failed, {counts['skipped']} skipped"
+    if interrupted:
+        print(f"sweep interrupted: {summary}; rerun the same command to resume", flush=True)
+        return runner.EXIT_FAILED
+    _write_report(workdir)
+    print(f"sweep finished: {summary} ({workdir})", flush=True)
+    return runner.EXIT_DONE if counts["failed"] == 0 else runner.EXIT_FAILED
+
+
+def _attempt(config: ml_collections.ConfigDict, point: Point, run_dir: Path) -> tuple[str, float]:
+    """Runs one point in its own process, its output appended to run_dir/output.txt; returns (its final
+    status, seconds taken)."""
+    t0 = time.time()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / OUTPUT_FILE, "a") as out:
+        out.write(f"=== hwrepro.sweep: attempt started {records.now()} ===\n")
+        out.flush()
+        code = runner.run_subprocess(point_config(config, point), run_dir, quiet=False, stdout=out, stderr=out)
+    return _settle(run_dir, point.name, code), time.time() - t0
+
+
+def _write_report(workdir: Path) -> None:
+    """Writes the report; a failure is reported, never raised, so the sweep's results stay usable."""
+    try:
+        from hwrepro import report
+
+        path = report.write_report(workdir)
+        print(f"report: {path}", flush=True)
+    except Exception as e:  # the runs are on disk either way; the report can be rebuilt
+        print(f"report failed ({type(e).__name__}: {e}); the runs are intact, rebuild it with "
+              f"`python -m hwrepro.report {workdir}`", file=sys.stderr, flush=True)
+

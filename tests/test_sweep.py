@@ -1,0 +1,345 @@
+"""Sweeps and their report: grid as the launcher sees it, resume, failures, skipped GPU points, shards,
+statistics against hand-computed values, bit-identical groups, and a tiny real sweep run as a user would."""
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import launch  # python launch.py ARGS, as a user runs it
+from hwrepro import numerics, records, report, runner, sweep, sweep_grid
+from hwrepro.errors import ConfigError
+
+REPO = Path(__file__).resolve().parent.parent
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+# A tiny autoencoder sweep: 2 configurations x 2 seeds that train, one point that fails inside the run
+# (data.source=idx with no data.dir) and one that needs a GPU.
+TINY_SWEEP = '''
+import ml_collections
+from configs import autoencoder_mnist
+
+def get_config():
+    c = autoencoder_mnist.get_config()
+    c.name = "tiny_sweep"
+    c.train.update(num_steps=20, log_every=5, checkpoints=2, hessian_iters=4, eval_every=0)
+    c.sweep = ml_collections.ConfigDict()
+    c.sweep.points = ([{"numerics.precision": p, "seed": s} for p in ("fp32", "bf16") for s in (0, 1)]
+                      + [{"data.source": "idx", "seed": 0}, {"numerics.platform": "gpu", "seed": 0}])
+    c.report = ml_collections.ConfigDict({"metric": "test_loss", "reference": "precision=fp32", "curve": "loss"})
+    return c
+'''
+REAL = ["precision=fp32,seed=0", "precision=fp32,seed=1", "precision=bf16,seed=0", "precision=bf16,seed=1"]
+FAILS, GPU = "source=idx,seed=0", "platform=gpu,seed=0"
+
+
+def _env():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    return env
+
+
+def _status(run_dir):
+    return records.status_of(run_dir)
+
+
+# --- the grid as the launcher sees it -------------------------------------------------------------------
+
+
+def _sweep_config(name):
+    import importlib
+
+    return importlib.import_module(f"configs.{name}").get_config()
+
+
+@pytest.mark.parametrize("name", ["sweep_autoencoder", "sweep_prednet"])
+def test_study_sweeps_expand_to_cpu_grid_and_gpu_points(name):
+    config = _sweep_config(name)
+    points = sweep_grid.expand(config)
+    names = [p.name for p in points]
+    assert len(names) == len(set(names)) == (8 + 8) * 3  # CPU and GPU set-ups, 3 seeds each
+    point = next(p for p in points if p.name.startswith("precision=bf16,isa=AVX2,threads=1,seed=0"))
+    assert sweep.configuration_name(point, sweep.group_over(config)) == "precision=bf16,isa=AVX2,threads=1"
+    c = sweep.point_config(config, point)
+    assert "sweep" not in c and "report" not in c
+    assert (c.numerics.precision, c.numerics.cpu_max_isa, c.numerics.threads, c.seed) == ("bf16", "AVX2", 1, 0)
+    runner.validate(c)
+    flags = numerics.xla_flags(c.numerics)
+    assert "--xla_cpu_max_isa=AVX2" in flags and "--xla_cpu_multi_thread_eigen=false" in flags
+    gpu = [p for p in points if p.overrides.get("numerics.platform") == "gpu"]
+    assert len(gpu) == 24
+    assert any(n.startswith("platform=gpu,deterministic=true,autotune=false,matmul=highest,seed=2") for n in names)
+    configurations = {sweep.configuration_name(p, sweep.group_over(config)) for p in points}
+    assert len(configurations) == 16 and config.report.reference in configurations
+    assert config.train.checkpoints > 0 and config.train.hessian_iters > 0
+
+
+def test_configuration_name_of_a_cut_name_uses_whole_fields():
+    point = sweep_grid.Point("x" * 188 + "-0123456789ab", {"model.width": 3, "seed": 1})
+    assert sweep.configuration_name(point) == "model.width=3"
+
+
+# --- a tiny real sweep, run as a user would: interrupt, resume, failure, GPU skipped ----------------------
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """Runs the tiny sweep three times through launch.py: interrupted with Ctrl-C during its first point,
+    resumed (one point pre-created as 'running', as a killed sweep leaves it), and resumed again."""
+    root = tmp_path_factory.mktemp("tiny")
+    config, workdir = root / "tiny_sweep.py", root / "sweep"
+    config.write_text(TINY_SWEEP)
+    args = (f"--config={config}", f"--workdir={workdir}")
+
+    proc = subprocess.Popen([sys.executable, str(REPO / "launch.py"), *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=REPO, env=_env(), start_new_session=True)
+    deadline = time.time() + 120
+    while _status(workdir / REAL[0]) != "running" and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole process group
+    out, err = proc.communicate(timeout=60)
+    interrupted = dict(code=proc.returncode, out=out, err=err, status=_status(workdir / REAL[0]),
+                       others=[p.name for p in workdir.iterdir() if p.is_dir() and p.name != REAL[0]])
+
+    stale = workdir / REAL[1]
+    stale.mkdir()
+    records.write_json_atomic(stale / "run.json", {"status": "running", "name": REAL[1]})
+    first = launch(*args)
+    finals = {n: (workdir / n / "final.json").read_text() for n in REAL}
+    second = launch(*args)
+    return dict(workdir=workdir, interrupted=interrupted, first=first, second=second, finals=finals,
+                config=config)
+
+
+def test_ctrl_c_records_the_running_point_as_interrupted(tiny):
+    i = tiny["interrupted"]
+    assert i["code"] != 0
+    assert i["status"] == "failed: interrupted"
+    assert "interrupted" in i["out"] and "rerun the same command to resume" in i["out"]
+    assert i["others"] == []  # nothing after the interrupted point ran
+
+
+def test_resumed_sweep_reruns_unfinished_points_and_goes_on_after_a_failure(tiny):
+    workdir, first = tiny["workdir"], tiny["first"]
+    assert first.returncode == 1, first.stdout + first.stderr  # one point failed
+    for name in REAL:
+        assert _status(workdir / name) == "done"
+        assert f"{name}: done in " in first.stdout and "test_loss" in first.stdout
+    # The interrupted point and the stale 'running' one were run again; their old records moved aside.
+    for name in REAL[:2]:
+        aside = list((workdir / name).glob("previous-*/run.json"))
+        assert aside and json.loads(aside[0].read_text())["status"] != "done"
+    assert "[1/6] precision=fp32,seed=0: done in" in first.stdout and "ETA" in first.stdout
+    assert _status(workdir / FAILS).startswith("failed: ") and "data.dir" in _status(workdir / FAILS)
+    assert "sweep finished: 4 done, 1 failed, 1 skipped" in first.stdout
+    assert sorted(p.name for p in workdir.iterdir() if p.is_dir()) == sorted(REAL + [FAILS, GPU])
+
+
+def test_gpu_point_is_skipped_not_failed(tiny):
+    status = _status(tiny["workdir"] / GPU)
+    assert status.startswith("skipped: ") and "gpu" in status
+    assert f"[6/6] {GPU}: skipped:" in tiny["first"].stdout
+
+
+def test_second_resume_skips_done_points_and_keeps_their_results(tiny):
+    second, workdir = tiny["second"], tiny["workdir"]
+    assert second.returncode == 1
+    for name in REAL:
+        assert f"{name}: already done, test_loss" in second.stdout
+        assert (workdir / name / "final.json").read_text() == tiny["finals"][name]
+    assert f"{FAILS}: failed:" in second.stdout and f"{GPU}: skipped:" in second.stdout
+    assert "sweep finished: 4 done, 1 failed, 1 skipped" in second.stdout
+
+
+def test_a_sweep_with_another_base_config_is_refused(tiny):
+    p = launch(f"--config={tiny['config']}", f"--workdir={tiny['workdir']}", "--config.train.num_steps=30")
+    assert p.returncode == 2 and "different base config" in p.stderr
+    assert "already done" not in p.stdout
+
+
+def test_tiny_sweep_report_renders_with_plots(tiny):
+    workdir = tiny["workdir"]
+    p = subprocess.run([sys.executable, "-m", "hwrepro.report", str(workdir)], capture_output=True, text=True,
+                       cwd=REPO, env=_env(), timeout=120)
+    assert p.returncode == 0, p.stderr
+    text = (workdir / "report.md").read_text()
+    for png in report.PLOTS.values():
+        assert (workdir / png).read_bytes()[:8] == PNG_MAGIC
+        assert f"]({png})" in text
+    sweep_data = report.load(workdir)
+    values = report.values_by_configuration(sweep_data, "test_loss")
+    finals = {n: json.loads(tiny["finals"][n]) for n in REAL}
+    assert values["precision=bf16"] == [finals[n]["test_loss"] for n in REAL[2:]]
+    assert f"| `precision=fp32` | 2 | {np.mean(values['precision=fp32']):.6g} |" in text
+    assert "reference configuration: `precision=fp32`" in text
+    assert "| `source=idx` | seed=0 | failed: " in text and "| `platform=gpu` | seed=0 | skipped: " in text
+    cpu = json.loads((workdir / REAL[0] / "run.json").read_text())["cpu"]["model"]
+    assert f"- machine: {cpu}, " in text
+    # Same seed, other precision: the parameters drift apart, and the report sees it from the first checkpoint.
+    divs = [d for d in report.analyse(sweep_data).divergences if d.configuration == "precision=bf16"]
+    assert [d.repeat for d in divs] == ["seed=0", "seed=1"]
+    for d in divs:
+        assert list(d.steps) == [10, 20] and d.first_param_step == 10 and np.all(d.rel_distance > 0)
+    hessian = report.hessian_by_configuration(sweep_data)
+    assert [p.step for p in hessian["precision=fp32"]] == [10, 20]
+    assert all(p.n == 2 and p.max_mean > 0 for p in hessian["precision=fp32"])
+
+
+# --- shards -------------------------------------------------------------------------------------------
+
+
+def test_shard_runs_its_round_robin_share(tmp_path, capsys):
+    from configs import autoencoder_mnist
+    import ml_collections
+
+    config = autoencoder_mnist.get_config()
+    config.sweep = ml_collections.ConfigDict({"points": [{"numerics.platform": "gpu"}], "axes": {"seed": [0, 1, 2, 3]}})
+    assert sweep.run_sweep(config, tmp_path, "1/2") == runner.EXIT_DONE  # skipped points are not failures
+    out = capsys.readouterr().out
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["platform=gpu,seed=1",
+                                                                        "platform=gpu,seed=3"]
+    assert "[1/2] platform=gpu,seed=1: skipped:" in out and "0 done, 0 failed, 2 skipped" in out
+    record = json.loads((tmp_path / "sweep.json").read_text())
+    assert record["shard"] == "1/2" and record["shard_points"] == ["platform=gpu,seed=1", "platform=gpu,seed=3"]
+    assert len(record["points"]) == 4 and record["base_config"]["train"]["batch_size"] == 256
+    assert "not run" in (tmp_path / "report.md").read_text()
+    with pytest.raises(ConfigError, match="shard"):
+        sweep.run_sweep(config, tmp_path, "2/2")
+
+
+# --- the report's numbers against hand-computed values ------------------------------------------------
+
+
+def _fake_run(workdir, name, configuration, seed, value, sha, metrics=(), trajectory=None, status="done"):
+    run_dir = workdir / name
+    run_dir.mkdir(parents=True)
+    records.write_json_atomic(run_dir / "run.json", {"status": status, "name": name,
+                                                     "cpu": {"model": "Hand CPU", "logical_cores": 2}})
+    if status == "done":
+        records.write_json_atomic(run_dir / "final.json", {"test_loss": value, "wall_seconds": 1.0,
+                                                           "param_sha256": sha})
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+    if trajectory is not None:
+        np.savez(run_dir / "trajectory.npz", steps=np.array([10, 20]), params=np.asarray(trajectory, np.float32))
+    return {"name": name, "overrides": {"cfg": configuration, "seed": seed}, "configuration": f"cfg={configuration}"}
+
+
+@pytest.fixture(scope="module")
+def hand(tmp_path_factory):
+    """A sweep folder written by hand: configurations ref, b, c (2 seeds + 1 failed) and same (bit-identical
+    to ref), with trajectories, losses and Hessian estimates chosen so every number is known."""
+    workdir = tmp_path_factory.mktemp("hand")
+    ref_traj = [[3.0, 4.0], [3.0, 4.0]]
+    ref_metrics = [{"step": 5, "loss": 0.5}, {"step": 10, "loss": 0.4, "hessian_max": 2.0, "hessian_min": -0.5}]
+    points = []
+    for seed, value in enumerate([1.0, 2.0, 3.0]):
+        metrics = [dict(m) for m in ref_metrics]
+        if seed == 1:
+            metrics[1].update(hessian_max=4.0, hessian_min=0.5)
+        points.append(_fake_run(workdir, f"cfg=ref,seed={seed}", "ref", seed, value, f"sha-ref-{seed}", metrics,
+                                ref_traj))
+        points.append(_fake_run(workdir, f"cfg=b,seed={seed}", "b", seed, value + 1.0, f"sha-b-{seed}",
+                                [{"step": 5, "loss": 0.5}, {"step": 10, "loss": 0.45}],
+                                [[3.0, 4.0], [3.0, 4.5]] if seed == 0 else None))
+        points.append(_fake_run(workdir, f"cfg=c,seed={seed}", "c", seed, [5.0, 7.0, None][seed], f"sha-c-{seed}",
+                                status="done" if seed < 2 else "failed: ValueError: boom"))
+        points.append(_fake_run(workdir, f"cfg=same,seed={seed}", "same", seed, value, f"sha-ref-{seed}",
+                                ref_metrics, ref_traj))
+    records.write_json_atomic(workdir / "sweep.json", {
+        "experiment": "autoencoder", "name": "hand", "base_config": {"train": {"hessian_iters": 8}},
+        "report": {"metric": "test_loss", "reference": "cfg=ref", "curve": "loss"}, "group_over": ["seed"],
+        "points": points, "shard": None})
+    path = report.write_report(workdir)
+    return dict(workdir=workdir, text=path.read_text(), sweep=report.load(workdir))
+
+
+def test_final_statistics_match_hand_computed_values(hand):
+    a = report.analyse(hand["sweep"])
+    rows = {r.configuration: r for r in a.rows}
+    ref, b, c = rows["cfg=ref"], rows["cfg=b"], rows["cfg=c"]
+    assert ref.summary == (3, 2.0, 1.0, 1.0, 3.0) and ref.comparison is None
+    assert c.summary.n == 2 and c.statuses == {"done": 2, "failed": 1}
+    # b - ref: difference 1, both variances 1: t = 1 / sqrt(1/3 + 1/3), Welch df = 4.
+    t = 1.0 / math.sqrt(2.0 / 3.0)
+    u = t / math.sqrt(4.0 + t * t)  # Student t with 4 df: F(t) = 1/2 + (3/4) u (1 - u^2 / 3)
+    p = 2.0 * (1.0 - (0.5 + 0.75 * u * (1.0 - u * u / 3.0)))
+    g = 1.0 * 2.0 / math.sqrt(2.0 * math.pi)  # d = 1, Hedges' J(4) = Gamma(2) / (sqrt(2) Gamma(3/2))
+    assert b.comparison.welch.t == pytest.approx(t) and b.comparison.welch.df == pytest.approx(4.0)
+    assert b.comparison.welch.p == pytest.approx(p, rel=1e-9)
+    assert b.comparison.effect.hedges_g == pytest.approx(g, rel=1e-9)
+    text = hand["text"]
+    assert f"| `cfg=b` | 3 | 3 | 1 | 2 | 4 | +1 | {p:.3g} | {g:.3g} |  |" in text
+    assert "| `cfg=c` | 2 | 6 |" in text and "fewer than 3" in text and "1 failed" in text
+    assert "| `cfg=c` | seed=2 | failed: ValueError: boom |" in text
+
+
+def test_bit_identical_runs_are_grouped_in_the_report(hand):
+    groups, labels = report.hash_groups(hand["sweep"])
+    shared = [g for g in groups if len(g) > 1]
+    assert shared == [["cfg=ref,seed=0", "cfg=same,seed=0"], ["cfg=ref,seed=1", "cfg=same,seed=1"],
+                      ["cfg=ref,seed=2", "cfg=same,seed=2"]]
+    assert labels["cfg=same,seed=1"] == labels["cfg=ref,seed=1"] == "B" and "cfg=b,seed=0" not in labels
+    text = hand["text"]
+    assert "| `cfg=ref` | A | B | C |" in text and "| `cfg=same` | A | B | C |" in text
+    assert "| `cfg=b` | · | · | · |" in text and "| `cfg=c` | · | · | failed |" in text
+    assert "8 distinct final parameter sets among 11 finished runs; 6 run(s) share" in text
+
+
+def test_divergence_against_the_reference_run_of_the_same_seed(hand):
+    divs = report.analyse(hand["sweep"]).divergences
+    b0 = next(d for d in divs if d.name == "cfg=b,seed=0")
+    assert list(b0.steps) == [10, 20] and b0.first_param_step == 20
+    np.testing.assert_allclose(b0.rel_distance, [0.0, 0.5 / 5.0])  # ||(0, 0.5)|| / ||(3, 4)||
+    np.testing.assert_allclose(b0.loss_diff, [0.0, 0.05])
+    assert b0.first_loss_step == 10
+    b1 = next(d for d in divs if d.name == "cfg=b,seed=1")
+    assert b1.steps.size == 0 and "no trajectory" in b1.note
+    same = report.summarize_divergences([d for d in divs if d.configuration == "cfg=same"])
+    assert (same.identical, same.with_params, same.first_param_step, same.end_mean) == (3, 3, None, 0.0)
+    assert same.first_loss_step is None
+    b = report.summarize_divergences([d for d in divs if d.configuration == "cfg=b"])
+    assert (b.first_param_step, b.end_mean, b.first_loss_step) == (20, pytest.approx(0.1), 10)
+    assert b.max_abs_loss_diff == pytest.approx(0.05)
+    assert "| `cfg=same` | 3 | 3/3 | never | 0 (0–0) | never | 0 |" in hand["text"]
+    assert "| `cfg=b` | 3 | 0/1 | 20 | 0.1 | 10 | 0.05 | no trajectory.npz" in hand["text"]
+
+
+def test_hessian_means_over_seeds_and_negative_curvature_sentence(hand):
+    h = report.hessian_by_configuration(hand["sweep"])
+    assert h["cfg=ref"] == [report.HessianPoint(10, 8.0 / 3.0, -0.5 / 3.0, -0.5, 3)]
+    assert "cfg=b" not in h
+    text = hand["text"]
+    assert "| `cfg=ref` | 2.667 / -0.167 |" in text
+    assert "Negative curvature was seen at 2 of 2 configuration-checkpoints" in text
+    for png in ("final_metric.png", "divergence.png", "hessian.png", "curves.png"):
+        assert (hand["workdir"] / png).read_bytes()[:8] == PNG_MAGIC
+
+
+def test_report_of_a_folder_without_a_sweep_is_one_error_line(tmp_path, capsys):
+    assert report.main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "sweep.json" in err and err.count("\n") == 1
+
+
+def test_a_failing_report_loses_no_results(tmp_path, capsys, monkeypatch):
+    from configs import autoencoder_mnist
+    import ml_collections
+
+    def broken(workdir):
+        raise RuntimeError("plotting broke")
+
+    monkeypatch.setattr(report, "write_report", broken)
+    config = autoencoder_mnist.get_config()
+    config.sweep = ml_collections.ConfigDict({"points": [{"numerics.platform": "gpu"}]})
+    assert sweep.run_sweep(config, tmp_path) == runner.EXIT_DONE
+    captured = capsys.readouterr()
+    assert "report failed (RuntimeError: plotting broke)" in captured.err
+    assert "python -m hwrepro.report" in captured.err and "0 done, 0 failed, 1 skipped" in captured.out
+    assert _status(tmp_path / "platform=gpu").startswith("skipped: ")
