@@ -55,7 +55,7 @@ def xla_flags(n: Mapping[str, Any], inherited: str = "") -> str:
 
 
 def environment(n: Mapping[str, Any], base: Mapping[str, str]) -> dict[str, str]:
-    """The environment a training subprocess needs for these numerics (XLA_FLAGS, platform, threads)."""
+    """`base` with what these numerics need before JAX starts: XLA_FLAGS, platform, thread variables."""
     env = dict(base)
     env["XLA_FLAGS"] = xla_flags(n, base.get("XLA_FLAGS", ""))
     env["JAX_PLATFORMS"] = "cuda" if n["platform"] == "gpu" else "cpu"

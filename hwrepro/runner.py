@@ -105,7 +105,7 @@ def run_subprocess(config: ml_collections.ConfigDict, workdir: Path, quiet: bool
     cmd = [sys.executable, "-m", "hwrepro.runner", f"--config_json={config_path}", f"--workdir={workdir}"]
     if quiet:
         cmd.append("--quiet")
-    env = numerics.environment(config.numerics, os.environ)
+    env = dict(os.environ)  # the child applies the numerics itself, before its JAX starts
     repo_root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [repo_root, env.get("PYTHONPATH")]))
     return subprocess.run(cmd, env=env, stdout=stdout, stderr=stderr).returncode
