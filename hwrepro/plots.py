@@ -27,6 +27,7 @@ def time_to_accuracy(run_dirs: list[Path], out: Path, metric: str = "eval_P@1") 
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for workdir in map(Path, run_dirs):
@@ -37,6 +38,7 @@ def time_to_accuracy(run_dirs: list[Path], out: Path, metric: str = "eval_P@1") 
         ax.plot([r["train_seconds"] for r in rows], [r[metric] for r in rows], marker="o",
                 label=f"{info.get('name', workdir.name)}")
     ax.set_xscale("log")
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel("training time (s, log scale)")
     ax.set_ylabel(metric.removeprefix("eval_"))
     ax.grid(True, which="both", alpha=0.3)
