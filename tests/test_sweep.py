@@ -100,16 +100,18 @@ def tiny(tmp_path_factory):
 
     proc = subprocess.Popen([sys.executable, str(REPO / "launch.py"), *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, cwd=REPO, env=_env(), start_new_session=True)
-    deadline = time.time() + 120
+    deadline = time.time() + 300
     while _status(workdir / REAL[0]) != "running" and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.05)
+        time.sleep(0.01)
+    seen_running = _status(workdir / REAL[0]) == "running"
     os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole process group
     out, err = proc.communicate(timeout=60)
     interrupted = dict(code=proc.returncode, out=out, err=err, status=_status(workdir / REAL[0]),
+                       seen_running=seen_running,
                        others=[p.name for p in workdir.iterdir() if p.is_dir() and p.name != REAL[0]])
 
     stale = workdir / REAL[1]
-    stale.mkdir()
+    stale.mkdir(exist_ok=True)  # a killed sweep leaves its point 'running'; made so whatever happened above
     records.write_json_atomic(stale / "run.json", {"status": "running", "name": REAL[1]})
     first = launch(*args)
     finals = {n: (workdir / n / "final.json").read_text() for n in REAL}
@@ -120,6 +122,7 @@ def tiny(tmp_path_factory):
 
 def test_ctrl_c_records_the_running_point_as_interrupted(tiny):
     i = tiny["interrupted"]
+    assert i["seen_running"], f"the first point never showed as running: {i['out']}\n{i['err']}"
     assert i["code"] != 0
     assert i["status"] == "failed: interrupted"
     assert "interrupted" in i["out"] and "rerun the same command to resume" in i["out"]
