@@ -98,11 +98,15 @@ def tiny(tmp_path_factory):
     config.write_text(TINY_SWEEP)
     args = (f"--config={config}", f"--workdir={workdir}")
 
-    # A shell that starts the test run in the background (as CI may) ignores SIGINT, and Python keeps an ignored
-    # SIGINT ignored: give the sweep the default disposition, as an interactive terminal would.
-    proc = subprocess.Popen([sys.executable, str(REPO / "launch.py"), *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=REPO, env=_env(), start_new_session=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    # A shell that starts the test run in the background (as CI may) ignores SIGINT, and an ignored signal stays
+    # ignored across exec. Catching it here for the moment of the spawn gives the sweep the default disposition
+    # (exec resets caught signals), as an interactive terminal would, without a fork-time Python hook.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = subprocess.Popen([sys.executable, str(REPO / "launch.py"), *args], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, cwd=REPO, env=_env(), start_new_session=True)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     deadline = time.time() + 300
     while _status(workdir / REAL[0]) != "running" and time.time() < deadline and proc.poll() is None:
         time.sleep(0.01)
