@@ -9,16 +9,10 @@ methods are compared on the time they spent learning, on the same machine.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
-from hwrepro.records import read_json
-
-
-def read_metrics(workdir: Path) -> list[dict]:
-    path = Path(workdir) / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+from hwrepro.records import read_json, read_metrics
 
 
 def time_to_accuracy(run_dirs: list[Path], out: Path, metric: str = "eval_P@1") -> Path:

@@ -61,6 +61,21 @@ def read_json(path: Path) -> Any:
     return json.loads(Path(path).read_text())
 
 
+def read_metrics(workdir: Path) -> list[dict[str, Any]]:
+    """workdir/metrics.jsonl rows; [] when there is none (a truncated last line, from a killed run, is skipped)."""
+    rows = []
+    try:
+        lines = (Path(workdir) / "metrics.jsonl").read_text().splitlines()
+    except OSError:
+        return rows
+    for line in lines:
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            continue
+    return rows
+
+
 def status_of(workdir: Path) -> str | None:
     """The status in workdir/run.json, or None when there is no readable record."""
     try:

@@ -17,7 +17,6 @@ numpy, scipy and matplotlib (Agg) only: no JAX, so a report can be rebuilt anywh
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import string
 import sys
@@ -90,21 +89,6 @@ def load(workdir: Path) -> Sweep:
                             status, final, info if isinstance(info, dict) else None, run_dir))
     configurations = list(dict.fromkeys(r.configuration for r in runs))
     return Sweep(record, runs, configurations)
-
-
-def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    """metrics.jsonl rows (a truncated last line, from a killed run, is ignored)."""
-    rows = []
-    try:
-        lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
-    except OSError:
-        return rows
-    for line in lines:
-        try:
-            rows.append(json.loads(line))
-        except ValueError:
-            continue
-    return rows
 
 
 def read_trajectory(run_dir: Path) -> tuple[np.ndarray, np.ndarray] | None:
@@ -244,8 +228,8 @@ def divergence(run: RunData, ref: RunData, curve_key: str) -> Divergence:
         first_param = int(steps[differ[0]]) if differ.size else None
         pa, pb = pa.astype(np.float64), pb.astype(np.float64)
         rel = np.linalg.norm(pa - pb, axis=1) / np.maximum(np.linalg.norm(pb, axis=1), np.finfo(float).tiny)
-    sa, va = curve(read_metrics(run.dir), curve_key)
-    sb, vb = curve(read_metrics(ref.dir), curve_key)
+    sa, va = curve(records.read_metrics(run.dir), curve_key)
+    sb, vb = curve(records.read_metrics(ref.dir), curve_key)
     loss_steps, ia, ib = np.intersect1d(sa, sb, return_indices=True)
     loss_diff = va[ia] - vb[ib]
     differ = np.flatnonzero(loss_diff != 0)
@@ -278,7 +262,7 @@ def hessian_by_configuration(sweep: Sweep) -> dict[str, list[HessianPoint]]:
         for r in sweep.runs:
             if r.configuration != c or not r.done:
                 continue
-            for row in read_metrics(r.dir):
+            for row in records.read_metrics(r.dir):
                 if isinstance(row.get("hessian_max"), (int, float)) and isinstance(row.get("hessian_min"),
                                                                                      (int, float)):
                     by_step.setdefault(row["step"], []).append((row["hessian_max"], row["hessian_min"]))
@@ -293,7 +277,7 @@ def mean_curves(sweep: Sweep, key: str) -> dict[str, tuple[np.ndarray, np.ndarra
     """{configuration: (steps, mean, min, max)} of metric `key` over its seeds, at the steps all logged."""
     out = {}
     for c in sweep.configurations:
-        curves = [curve(read_metrics(r.dir), key) for r in sweep.runs if r.configuration == c and r.done]
+        curves = [curve(records.read_metrics(r.dir), key) for r in sweep.runs if r.configuration == c and r.done]
         curves = [cv for cv in curves if cv[0].size]
         if not curves:
             continue
