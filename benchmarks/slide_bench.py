@@ -5,8 +5,9 @@ One run prints every measurement side by side:
   python benchmarks/slide_bench.py --quick    # fewer repeats
 
 Every configuration runs in its own child process (this script re-invokes itself with --child), because the
-CPU ISA cap is an XLA flag (--xla_cpu_max_isa) that must be in XLA_FLAGS before JAX starts, and because a
-child's peak resident memory (maxrss) is then the memory of that configuration's training alone.
+CPU ISA cap is an XLA flag (--xla_cpu_max_isa) that must be in XLA_FLAGS before JAX starts, huge pages are a
+glibc tunable read when a process starts (numerics.huge_pages, on unless a row says "off"), and a child's
+peak resident memory (maxrss) is then the memory of that configuration's training alone.
 
 Batches are random synthetic points with Amazon-670K's shape (135,909 features, 670,091 labels, ~75 active
 features and ~5.4 labels per point); they measure speed, not learning.
@@ -73,6 +74,16 @@ def matmul_gflops(dtype_name: str, repeats: int) -> float:
     return 2 * BATCH * HIDDEN * SHARED_M / ms / 1e6
 
 
+def copy_gbs(megabytes: int = 256, repeats: int = 9) -> float:
+    """This machine's streaming memory rate: bytes read plus written per second by a large NumPy copy."""
+    import numpy as np
+
+    src = np.ones(megabytes * 2**20 // 4, np.float32)
+    dst = np.empty_like(src)
+    ms = _median_ms(lambda: np.copyto(dst, src), repeats)
+    return 2 * src.nbytes / ms / 1e6
+
+
 def full_size_copies(compiled_text: str, num_labels: int) -> int:
     """Instructions in the optimised HLO that copy a whole [num_labels, hidden] array (W, mu or nu)."""
     shape = f"[{num_labels},{HIDDEN}]"
@@ -136,12 +147,39 @@ def child(spec: dict) -> dict:
         flops = 6 * BATCH * m * HIDDEN + 4 * BATCH * MEAN_FEATURES * HIDDEN
         out["step_gflop"] = flops / 1e9
         out["floor_ms"] = flops / out["matmul_gflops"] / 1e6
+        # The rows a step must read and write however it is written: W, mu, nu at the M candidates and E, mu,
+        # nu at the batch's distinct features (each read and written once), plus the candidate count array
+        # over all labels (written, thresholded, read by top_k), at this machine's streaming copy rate.
+        unique = np.mean([len(np.unique(b["feat_ids"][b["feat_ids"] < NUM_FEATURES])) for b in batches])
+        row_bytes = HIDDEN * np.dtype(np.float32).itemsize
+        traffic = (m + unique) * row_bytes * 3 * 2 + (num_labels + 1) * 4 * 3
+        out["copy_gbs"] = copy_gbs()
+        out["traffic_mb"] = traffic / 1e6
+        out["traffic_floor_ms"] = traffic / out["copy_gbs"] / 1e6
     out["maxrss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    out["huge_pages_gb"] = anon_huge_pages_gb()
     return out
 
 
+def anon_huge_pages_gb() -> float:
+    """This process's memory on transparent huge pages now (Linux; 0 elsewhere): shows the tunable took."""
+    try:
+        with open("/proc/self/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("AnonHugePages:"):
+                    return int(line.split()[1]) / 2**20
+    except OSError:
+        pass
+    return 0.0
+
+
 def run_child(spec: dict, isa: str) -> dict:
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    from hwrepro import numerics
+    from hwrepro.config_base import numerics_config
+
+    n = numerics_config()
+    n.huge_pages = spec.get("huge_pages", True)
+    env = dict(numerics.startup_environment(n, os.environ), JAX_PLATFORMS="cpu")
     env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + f" --xla_cpu_max_isa={isa}").strip()
     proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], env=env,
                           capture_output=True, text=True)
@@ -172,33 +210,48 @@ def main() -> None:
         ("lsh shared", "AVX2", dict(base, method="lsh", floor=True)),
         ("lsh shared", "AVX2", dict(base, method="lsh", dtype="bf16")),
         ("lsh shared", "AVX512", dict(base, method="lsh", num_labels=NUM_LABELS // 4)),
+        ("lsh shared", "AVX512", dict(base, method="lsh", huge_pages=False)),
+        ("dense", "AVX512", dict(base, method="dense", repeats=dense_reps, huge_pages=False)),
     ]
     results = []
-    print(f"{'configuration':<18}{'ISA':<8}{'params':<7}{'labels':>9}{'ms/step':>10}{'rebuild ms':>12}"
-          f"{'floor ms':>10}{'meas/floor':>11}{'copies':>7}{'maxrss GB':>10}", flush=True)
+    print(f"{'configuration':<18}{'ISA':<8}{'params':<7}{'THP':<5}{'labels':>9}{'ms/step':>10}{'rebuild ms':>12}"
+          f"{'floor ms':>10}{'meas/floor':>11}{'copies':>7}{'maxrss GB':>10}{'THP GB':>9}", flush=True)
     for name, isa, spec in runs:
         r = dict(run_child(spec, isa), name=name)
         results.append(r)
+        thp = "on" if spec.get("huge_pages", True) else "off"
         if "error" in r:
-            print(f"{name:<18}{isa:<8}{spec['dtype']:<7} error: {r['error']}", flush=True)
+            print(f"{name:<18}{isa:<8}{spec['dtype']:<7}{thp:<5} error: {r['error']}", flush=True)
             continue
         floor = f"{r['floor_ms']:.2f}" if "floor_ms" in r else "-"
         ratio = f"{r['step_ms'] / r['floor_ms']:.2f}" if "floor_ms" in r else "-"
         rebuild = f"{r['rebuild_ms']:.0f}" if "rebuild_ms" in r else "-"
-        print(f"{name:<18}{isa:<8}{r['dtype']:<7}{r['num_labels']:>9}{r['step_ms']:>10.2f}{rebuild:>12}"
-              f"{floor:>10}{ratio:>11}{r['full_size_copies']:>7}{r['maxrss_gb']:>10.2f}", flush=True)
-    by = {(r["name"], r["isa"], r["dtype"], r["num_labels"]): r for r in results if "error" not in r}
-    lsh = by.get(("lsh shared", "AVX512", "fp32", NUM_LABELS))
-    dense = by.get(("dense", "AVX512", "fp32", NUM_LABELS))
+        print(f"{name:<18}{isa:<8}{r['dtype']:<7}{thp:<5}{r['num_labels']:>9}{r['step_ms']:>10.2f}{rebuild:>12}"
+              f"{floor:>10}{ratio:>11}{r['full_size_copies']:>7}{r['maxrss_gb']:>10.2f}"
+              f"{r['huge_pages_gb']:>9.2f}", flush=True)
+    by = {(r["name"], r["isa"], r["dtype"], r["num_labels"], r.get("huge_pages", True)): r
+          for r in results if "error" not in r}
+    lsh = by.get(("lsh shared", "AVX512", "fp32", NUM_LABELS, True))
+    dense = by.get(("dense", "AVX512", "fp32", NUM_LABELS, True))
     if lsh and dense:
         print(f"dense / lsh-shared step time: {dense['step_ms'] / lsh['step_ms']:.1f}x (target >= 40x)")
+    lsh_off = by.get(("lsh shared", "AVX512", "fp32", NUM_LABELS, False))
+    dense_off = by.get(("dense", "AVX512", "fp32", NUM_LABELS, False))
+    if lsh_off and dense_off and lsh and dense:
+        print(f"without huge pages: dense / lsh-shared {dense_off['step_ms'] / lsh_off['step_ms']:.1f}x; huge pages "
+              f"speed lsh-shared {lsh_off['step_ms'] / lsh['step_ms']:.2f}x, dense "
+              f"{dense_off['step_ms'] / dense['step_ms']:.2f}x")
     if lsh:
         print(f"lsh-shared step / arithmetic floor: {lsh['step_ms'] / lsh['floor_ms']:.2f}x (target <= 3x); "
               f"floor = {lsh['step_gflop']:.3f} GFLOP / {lsh['matmul_gflops']:.0f} GFLOP/s measured "
               f"[{BATCH}x{HIDDEN}]x[{HIDDEN}x{SHARED_M}] matmul")
+        both = lsh["floor_ms"] + lsh["traffic_floor_ms"]
+        print(f"lsh-shared step / (arithmetic + row-traffic floor): {lsh['step_ms'] / both:.2f}x; traffic floor = "
+              f"{lsh['traffic_mb']:.0f} MB of rows and counts / {lsh['copy_gbs']:.1f} GB/s measured copy rate = "
+              f"{lsh['traffic_floor_ms']:.2f} ms")
         print(f"lsh-shared peak memory (maxrss): {lsh['maxrss_gb']:.2f} GB (target < 6 GB); "
               f"amortised rebuild at SLIDE's every-50-batches: {lsh['rebuild_ms'] / 50:.1f} ms/step")
-        small = by.get(("lsh shared", "AVX512", "fp32", NUM_LABELS // 4))
+        small = by.get(("lsh shared", "AVX512", "fp32", NUM_LABELS // 4, True))
         if small:
             print(f"num_labels {NUM_LABELS // 4} -> {NUM_LABELS}: {small['step_ms']:.2f} -> {lsh['step_ms']:.2f} "
                   f"ms/step at fixed M = {SHARED_M}")

@@ -23,6 +23,10 @@ def numerics_config() -> ml_collections.ConfigDict:
     n.gpu_deterministic = False   # XLA --xla_gpu_deterministic_ops (the analogue of cuDNN determinism)
     n.gpu_autotune = True         # False sets --xla_gpu_autotune_level=0
     n.xla_flags = ""              # extra raw XLA flags, appended last
+    # Large allocations on transparent huge pages (glibc.malloc.hugetlb=1, set when the process starts, so the
+    # launcher runs the experiment in a child process): fewer TLB misses on SLIDE's random row gathers
+    # (docs/benchmarks.md). Changes speed only, never a bit.
+    n.huge_pages = True
     return n
 
 

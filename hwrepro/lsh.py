@@ -25,9 +25,11 @@ FIFO / reservoir bucket replacement with a fixed bucket size.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import functools
 import math
+import os
 from typing import Callable, NamedTuple
 
 import jax
@@ -360,13 +362,16 @@ def _host_group_by_bucket(
 
     One table at a time and in place: a table's keys (5 MB at Amazon-670K's size) stay in cache and no
     [L, N] uint64 temporaries are allocated (fresh pages cost more here than the sort's memory traffic).
+    Tables are spread over one thread per core (NumPy's sort and element-wise passes release the GIL): the
+    callback otherwise runs on one core while XLA's threads wait for it.
     """
     bucket_codes, noise = np.asarray(bucket_codes), np.asarray(noise)  # callbacks get jax.Arrays
     u64 = np.uint64
     column = np.arange(bucket_codes.shape[-1], dtype=u64)
     ids = np.empty(bucket_codes.shape, np.int32)
     starts = np.zeros((*bucket_codes.shape[:-1], buckets + 1), np.int32)
-    for row in np.ndindex(bucket_codes.shape[:-1]):  # tables (and any vmapped axes)
+
+    def group(row: tuple[int, ...]) -> None:
         packed = bucket_codes[row].astype(u64)
         packed <<= u64(rand_bits)
         packed |= noise[row]
@@ -376,6 +381,15 @@ def _host_group_by_bucket(
         packed &= u64((1 << id_bits) - 1)
         ids[row] = packed
         np.cumsum(np.bincount(bucket_codes[row], minlength=buckets), out=starts[row][1:])
+
+    rows = list(np.ndindex(bucket_codes.shape[:-1]))  # tables (and any vmapped axes)
+    workers = min(len(rows), len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
+    if workers <= 1:
+        for row in rows:
+            group(row)
+    else:
+        with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+            list(pool.map(group, rows))
     return ids, starts
 
 

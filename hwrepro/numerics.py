@@ -20,6 +20,9 @@ DTYPES = ("fp32", "bf16")
 MATMUL_PRECISIONS = ("default", "high", "highest")
 CPU_ISAS = ("", "SSE4_2", "AVX", "AVX2", "AVX512")
 _THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+_HUGE_PAGES_TUNABLE = "glibc.malloc.hugetlb=1"
+# glibc reads its tunables once, when the process starts: what this process really runs with.
+_STARTUP_TUNABLES = os.environ.get("GLIBC_TUNABLES", "")
 
 
 def validate(n: Mapping[str, Any]) -> None:
@@ -52,6 +55,30 @@ def xla_flags(n: Mapping[str, Any], inherited: str = "") -> str:
             flags.append("--xla_gpu_autotune_level=0")
     flags.extend(n["xla_flags"].split())
     return " ".join(flags)
+
+
+def startup_environment(n: Mapping[str, Any], base: Mapping[str, str]) -> dict[str, str]:
+    """`base` with what must be set before a process starts: the glibc tunable for huge pages."""
+    env = dict(base)
+    tunables = [t for t in env.get("GLIBC_TUNABLES", "").split(":")
+                if t and not t.startswith("glibc.malloc.hugetlb=")]
+    if n.get("huge_pages", False):
+        tunables.append(_HUGE_PAGES_TUNABLE)
+    if tunables:
+        env["GLIBC_TUNABLES"] = ":".join(tunables)
+    else:
+        env.pop("GLIBC_TUNABLES", None)
+    return env
+
+
+def needs_fresh_process(n: Mapping[str, Any]) -> bool:
+    """True when this process was not started with what `startup_environment` sets (so the launcher must
+    run the experiment in a child process for it to apply)."""
+    return bool(n.get("huge_pages", False)) and sys.platform == "linux" and not huge_pages_in_effect()
+
+
+def huge_pages_in_effect() -> bool:
+    return _HUGE_PAGES_TUNABLE in _STARTUP_TUNABLES.split(":")
 
 
 def environment(n: Mapping[str, Any], base: Mapping[str, str]) -> dict[str, str]:
@@ -115,4 +142,14 @@ def applied() -> dict[str, Any]:
         "thread_env": {k: os.environ[k] for k in _THREAD_ENV if k in os.environ},
         "jax_default_matmul_precision": jax.config.jax_default_matmul_precision,
         "jax_enable_x64": bool(jax.config.jax_enable_x64),
+        "huge_pages": huge_pages_in_effect(),
+        "transparent_hugepage": _read_first_line("/sys/kernel/mm/transparent_hugepage/enabled"),
     }
+
+
+def _read_first_line(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.readline().strip()
+    except OSError:
+        return ""

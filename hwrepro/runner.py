@@ -1,8 +1,9 @@
 """Runs one experiment (or a sweep) from a resolved config: numerics first, then JAX, then the record.
 
 `launch` is what launch.py calls. A single run is done in this process when JAX has not been imported yet
-(so its numerics flags can still apply), else in a fresh `python -m hwrepro.runner` subprocess. Sweeps always
-run each point in its own subprocess.
+(so its numerics flags can still apply) and the process was started with what the numerics need at start-up
+(huge pages), else in a fresh `python -m hwrepro.runner` subprocess. Sweeps always run each point in its own
+subprocess.
 
 Exit codes (also of the subprocess): 0 done, 1 failed, 2 bad config or workdir, 3 skipped (platform missing).
 """
@@ -105,10 +106,21 @@ def run_subprocess(config: ml_collections.ConfigDict, workdir: Path, quiet: bool
     cmd = [sys.executable, "-m", "hwrepro.runner", f"--config_json={config_path}", f"--workdir={workdir}"]
     if quiet:
         cmd.append("--quiet")
-    env = dict(os.environ)  # the child applies the numerics itself, before its JAX starts
+    # Start-up settings go in the child's environment; it applies the other numerics itself, before its JAX.
+    env = numerics.startup_environment(config.numerics, os.environ)
     repo_root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [repo_root, env.get("PYTHONPATH")]))
-    return subprocess.run(cmd, env=env, stdout=stdout, stderr=stderr).returncode
+    child = subprocess.Popen(cmd, env=env, stdout=stdout, stderr=stderr)
+    try:
+        return child.wait()
+    except KeyboardInterrupt:
+        # Ctrl-C reached the child too (same process group): give it time to record itself as interrupted.
+        try:
+            child.wait(timeout=30)
+        except (KeyboardInterrupt, subprocess.TimeoutExpired):
+            child.kill()
+            child.wait()
+        raise
 
 
 def print_final(final: dict[str, Any]) -> None:
@@ -124,7 +136,7 @@ def launch(config: ml_collections.ConfigDict, workdir: str | None = None, shard:
 
         return sweep.run_sweep(config, Path(workdir) if workdir else default_workdir(config), shard)
     workdir = Path(workdir) if workdir else default_workdir(config)
-    if "jax" in sys.modules:
+    if "jax" in sys.modules or numerics.needs_fresh_process(config.numerics):
         validate(config)
         return run_subprocess(config, workdir)
     final = run_here(config, workdir)

@@ -49,6 +49,7 @@ def update(
     b1: float = 0.9,
     b2: float = 0.999,
     eps: float = 1e-8,
+    current_rows: jax.Array | None = None,
 ) -> tuple[jax.Array, RowAdamState]:
     """One Adam step on the rows `row_ids` of `table`; every other row is left bit-identical.
 
@@ -60,15 +61,21 @@ def update(
         the same old value, losing one gradient; sum gradient rows per unique id first.
       grad_rows: [M, ...] the gradient of each listed row.
       lr, b1, b2, eps: Adam hyperparameters, as in `optax.adam`.
+      current_rows: the table's rows at row_ids (anything finite at padding ids) when the caller has
+        gathered them already, as a training step has for its forward pass; saves gathering them again.
 
     Returns:
       (new_table, new_state). Donate `table` and `state` to the enclosing jit so the scatters run in place.
     """
     count = state.count + 1
     g = grad_rows.astype(jnp.float32)
-    mu = state.mu.at[row_ids].get(mode="fill", fill_value=0).astype(jnp.float32)
-    nu = state.nu.at[row_ids].get(mode="fill", fill_value=0).astype(jnp.float32)
-    w = table.at[row_ids].get(mode="fill", fill_value=0).astype(jnp.float32)
+    # Padding ids read a clamped real row: their results are dropped by the scatters, and a clamped gather
+    # needs no select over the gathered values.
+    mu = state.mu.at[row_ids].get(mode="clip").astype(jnp.float32)
+    nu = state.nu.at[row_ids].get(mode="clip").astype(jnp.float32)
+    if current_rows is None:
+        current_rows = table.at[row_ids].get(mode="clip")
+    w = current_rows.astype(jnp.float32)
     mu = b1 * mu + (1.0 - b1) * g
     nu = b2 * nu + (1.0 - b2) * g * g
     # Same operations in the same order as optax.adam, so the touched rows match it bit for bit.

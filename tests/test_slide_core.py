@@ -141,6 +141,7 @@ def test_batch_shared_candidates_contain_labels_are_unique_and_fixed_size(batch)
         assert ids.shape == (M,) and mask.shape == (M,)
         real = ids[mask]
         assert len(np.unique(real)) == len(real) and np.all(real < N) and np.all(ids[~mask] == N)
+        assert np.all(np.diff(ids) >= 0) and np.all(np.diff(real) > 0)  # ascending, padding (N) last
         assert set(batch["labels"][batch["labels"] < N].tolist()) <= set(real.tolist())
         assert 250 in real
         assert mask.sum() > 0.8 * M  # the random fill filled most of the rest
@@ -222,3 +223,15 @@ def test_blocked_top_k_equals_top_k():
     v_ref, i_ref = jax.lax.top_k(x, 5)
     np.testing.assert_array_equal(np.asarray(i), np.asarray(i_ref))
     np.testing.assert_array_equal(np.asarray(v), np.asarray(v_ref))
+
+
+@pytest.mark.parametrize("shape, num_rows", [((16, 12), 300), ((4, 5), 2**30)])  # packed sort; jnp.unique
+def test_unique_rows_equals_jnp_unique(shape, num_rows):
+    rng = np.random.default_rng(7)
+    ids = rng.integers(0, min(num_rows, 50) + 1, shape).astype(np.int32)
+    ids[0, :3] = num_rows  # padding
+    rows, inverse = jax.jit(slide.unique_rows, static_argnums=1)(jnp.asarray(ids), num_rows)
+    ref_rows, ref_inverse = jnp.unique(ids.ravel(), size=ids.size, fill_value=num_rows, return_inverse=True)
+    np.testing.assert_array_equal(rows, ref_rows)
+    np.testing.assert_array_equal(inverse, np.asarray(ref_inverse).reshape(shape))
+    np.testing.assert_array_equal(np.asarray(rows)[np.asarray(inverse)], ids)

@@ -3,6 +3,7 @@
 import gzip
 import json
 import struct
+import sys
 
 import numpy as np
 import pytest
@@ -44,6 +45,8 @@ def test_launch_writes_the_four_records(run_launch, tmp_path):
     assert "synthetic" in run["data_source"]
     assert run["numerics_applied"]["before_jax"] is True
     assert "--xla_cpu_enable_fast_math=false" in run["numerics_applied"]["xla_flags"]
+    # huge_pages is on by default: the launcher ran the experiment in a child started with the glibc tunable.
+    assert run["numerics_applied"]["huge_pages"] is (sys.platform == "linux")
     assert {"jax", "jaxlib", "flax", "optax", "hwrepro"} <= set(run["versions"])
     assert run["cpu"]["model"] and run["seed"] == 0
     rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
@@ -83,9 +86,10 @@ def test_bad_override_is_one_error_line(run_launch, tmp_path, override, expected
 
 def test_isa_cap_runs_in_its_own_process_and_is_recorded(run_launch, tmp_path):
     p = run_launch(AE, f"--workdir={tmp_path / 'avx2'}", *TINY, "--config.numerics.cpu_max_isa=AVX2",
-                   "--config.numerics.threads=1")
+                   "--config.numerics.threads=1", "--config.numerics.huge_pages=false")
     assert p.returncode == 0, p.stderr
     applied = json.loads((tmp_path / "avx2" / "run.json").read_text())["numerics_applied"]
+    assert applied["huge_pages"] is False
     assert "--xla_cpu_max_isa=AVX2" in applied["xla_flags"]
     assert "--xla_cpu_multi_thread_eigen=false" in applied["xla_flags"]
     assert len(applied["cpu_affinity"]) == 1
@@ -165,6 +169,14 @@ def test_xla_flags_follow_the_numerics_fields():
     assert env["JAX_PLATFORMS"] == "cuda" and env["OMP_NUM_THREADS"] == "1"
     assert "--xla_gpu_deterministic_ops=true" in env["XLA_FLAGS"]
     assert "--xla_gpu_autotune_level=0" in env["XLA_FLAGS"]
+
+
+def test_huge_pages_are_a_start_up_tunable_that_keeps_the_users_others():
+    n = numerics_config()
+    env = numerics.startup_environment(n, {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0:glibc.malloc.arena_max=2"})
+    assert env["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"
+    n.huge_pages = False
+    assert "GLIBC_TUNABLES" not in numerics.startup_environment(n, {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"})
 
 
 def test_numerics_validation_names_the_field():

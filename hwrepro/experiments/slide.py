@@ -193,6 +193,7 @@ def run(config: ml_collections.ConfigDict, rec: Run):
     def after_step(step, state):
         if m.method != "lsh" or not schedule.due(step):
             return state
+        jax.block_until_ready(state)  # steps still in flight are training time, not rebuild time
         t = time.time()
         key = jax.random.fold_in(table_key, step)
         state = slide.redraw(state, key) if schedule.redraw_due(step) else slide.rebuild(state, key)
