@@ -72,7 +72,9 @@ class SlideState:
     """Everything a training step reads and writes (a pytree; the step donates it).
 
     params: {"input": {"embedding" [F, H], "bias" [H]}, "output": {"weight" [N, H], "bias" [N]}}, the
-      parameter tree of models.slide.SparseInput / SparseOutput.
+      parameter tree of models.slide.SparseInput / SparseOutput; for "lsh" and "sampled", bfloat16 E and W
+      are kept as uint16 bit patterns (sparse_adam.to_storage: row scatters in place). `model_params` gives
+      the modules' view.
     opt_state: SparseOptState (methods "lsh", "sampled") or an optax Adam state over params ("dense").
     hash_fn, tables: the LSH functions and tables over the rows of W (method "lsh"; None otherwise).
     step: int32 scalar, steps taken.
@@ -139,6 +141,7 @@ def init_state(
     if method == "dense":
         opt_state = optax.adam(1.0).init(params)
     else:
+        params = jax.tree_util.tree_map(sparse_adam.to_storage, params)
         opt_state = SparseOptState(
             embedding=sparse_adam.init(params["input"]["embedding"], moment_dtype),
             weight=sparse_adam.init(params["output"]["weight"], moment_dtype),
@@ -153,8 +156,13 @@ def init_state(
                       step=jnp.zeros((), jnp.int32), lsh_spec=lsh_spec if method == "lsh" else None)
 
 
+def model_params(params: Params) -> Params:
+    """A state's params as the Flax modules take them (bfloat16 tables back from their uint16 storage)."""
+    return jax.tree_util.tree_map(sparse_adam.from_storage, params)
+
+
 def _build(hash_fn: Any, weight: jax.Array, key: jax.Array) -> Any:
-    return lsh.build_tables(hash_fn, weight.astype(jnp.float32), key)
+    return lsh.build_tables(hash_fn, sparse_adam.from_storage(weight).astype(jnp.float32), key)
 
 
 @functools.partial(jax.jit, donate_argnums=0)
@@ -381,7 +389,7 @@ def _rows_at(table: jax.Array, ids: jax.Array) -> jax.Array:
     zero feature value (input rows), and its update is dropped; clamping saves the select over all gathered
     values that reading zeros (model.gather_rows) costs.
     """
-    return table.at[ids].get(mode="clip")
+    return sparse_adam.from_storage(table.at[ids].get(mode="clip"))
 
 
 def _sparse_step(
@@ -470,8 +478,9 @@ def topk(params: Params, batch: Batch, k: int, chunk: int = 131072, dtype: Any =
     """The k highest-scoring labels per example by dense scoring: int32 [B, k], best first.
 
     Scores all num_labels neurons in chunks of `chunk` rows (a running top-k over chunks), so the [B, N]
-    logits never exist at once for large N; slices of W are read in place.
+    logits never exist at once for large N; slices of W are read in place. params: a state's or the modules'.
     """
+    params = model_params(params)
     p_in, p_out = params["input"], params["output"]
     h = model.sparse_hidden(p_in["embedding"], p_in["bias"], batch["feat_ids"], batch["feat_vals"], dtype)
     weight, bias = p_out["weight"], p_out["bias"]
@@ -506,6 +515,7 @@ def topk_lsh(
 
     int32 [B, k], best first; -1 where fewer than k neurons were retrieved (never counts as a hit).
     """
+    params = model_params(params)
     p_in, p_out = params["input"], params["output"]
     h = model.sparse_hidden(p_in["embedding"], p_in["bias"], batch["feat_ids"], batch["feat_vals"], dtype)
     ids, z = model.lsh_logits(p_out["weight"], p_out["bias"], h, hash_fn, tables, bucket_capacity, dtype)

@@ -235,3 +235,23 @@ def test_unique_rows_equals_jnp_unique(shape, num_rows):
     np.testing.assert_array_equal(rows, ref_rows)
     np.testing.assert_array_equal(inverse, np.asarray(ref_inverse).reshape(shape))
     np.testing.assert_array_equal(np.asarray(rows)[np.asarray(inverse)], ids)
+
+
+def test_bf16_tables_are_stored_as_bits_and_updated_like_bf16_rows(batch):
+    # Row Adam on a uint16-stored bfloat16 table: the same values as on the bfloat16 table itself.
+    rng = np.random.default_rng(12)
+    table = jnp.asarray(rng.normal(size=(12, 5)), jnp.bfloat16)
+    rows, g = jnp.array([3, 9, 12], jnp.int32), jnp.asarray(rng.normal(size=(3, 5)), jnp.float32)
+    direct, _ = sparse_adam.update(table, sparse_adam.init(table), rows, g, 1e-2)
+    stored, _ = sparse_adam.update(sparse_adam.to_storage(table), sparse_adam.init(table), rows, g, 1e-2)
+    assert stored.dtype == jnp.uint16
+    np.testing.assert_array_equal(sparse_adam.from_storage(stored), direct)
+    # A bf16 training state keeps E and W as bits, trains, and gives the modules bfloat16 parameters.
+    state = slide.init_state(jax.random.PRNGKey(5), NF, N, H, method="lsh", lsh_spec=TINY_LSH,
+                             param_dtype=jnp.bfloat16)
+    assert state.params["output"]["weight"].dtype == jnp.uint16
+    state, metrics = STEPS["lsh"](state, batch, jax.random.PRNGKey(6))
+    params = slide.model_params(state.params)
+    assert params["output"]["weight"].dtype == params["input"]["embedding"].dtype == jnp.bfloat16
+    assert np.isfinite(float(metrics["loss"]))
+    np.testing.assert_array_equal(slide.topk(state.params, batch, 5), slide.topk(params, batch, 5))

@@ -232,4 +232,4 @@ def run(config: ml_collections.ConfigDict, rec: Run):
     rec.print(f"{m.method}: {final['seconds_per_epoch']:.1f} s/epoch (rebuilds {timing['rebuild_seconds']:.1f} s), "
               + " ".join(f"P@{k} {final[f'test_P@{k}']:.4f}" for k in KS)
               + (f" on {config.eval.final_points} test points" if config.eval.final_points else " on the whole test split"))
-    return final, state.params
+    return final, slide.model_params(state.params)
