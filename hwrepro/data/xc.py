@@ -665,13 +665,20 @@ class XCBatcher:
         counted twice."""
         n = self.data.num_points
         for start in range(0, n, batch_size):
-            rows = np.arange(start, min(start + batch_size, n))
-            out = self.batch(rows)
-            short = batch_size - len(rows)
-            pads = {"feat_ids": self.data.num_features, "feat_vals": 0.0, "labels": self.data.num_labels}
-            out = {k: np.pad(v, ((0, short), (0, 0)), constant_values=pads[k]) for k, v in out.items()}
-            out["mask"] = np.arange(batch_size) < len(rows)
-            yield out
+            yield pad_batch(self.batch(np.arange(start, min(start + batch_size, n))), batch_size,
+                            self.data.num_features, self.data.num_labels)
+
+
+def pad_batch(batch: dict[str, np.ndarray], batch_size: int, num_features: int,
+              num_labels: int) -> dict[str, np.ndarray]:
+    """A batch of at most batch_size points padded to exactly batch_size rows with empty points (padding
+    feature and label ids, zero values), and `mask` bool [batch_size] added, False at those rows: jitted
+    evaluation then sees one shape, and the empty rows have no labels to count."""
+    short = batch_size - len(batch["labels"])
+    pads = {"feat_ids": num_features, "feat_vals": 0.0, "labels": num_labels}
+    out = {k: np.pad(v, ((0, short), (0, 0)), constant_values=pads[k]) for k, v in batch.items()}
+    out["mask"] = np.arange(batch_size) < batch_size - short
+    return out
 
 
 def batches(data: XCData, batch_size: int, max_features: int, max_labels: int, seed: int,

@@ -98,7 +98,7 @@ class Data:
         subset = np.sort(rng.choice(held_out, size=min(config.eval.subset, len(held_out)), replace=False))
         spans = np.full(len(subset), d.window)
         batch = text8.skipgram_batch(corpus.tokens, subset, spans, d.window, corpus.vocab_size)
-        self.subset = _StaticEval(batch)
+        self.subset = _StaticEval(batch, corpus.vocab_size, corpus.vocab_size)
         self.test = self.subset   # word2vec has no separate test split: the held-out text is it
         self.num_train = cut
         self.steps_per_epoch = max(cut // config.train.batch_size, 1)
@@ -117,20 +117,15 @@ class Data:
 
 
 class _StaticEval:
-    """A fixed evaluation set held as one padded array set, cut into `ordered` batches like XCBatcher's."""
+    """A fixed evaluation set held as one array set, cut into `ordered` batches like XCBatcher's."""
 
-    def __init__(self, batch: dict[str, np.ndarray]):
-        self.batch = batch
+    def __init__(self, batch: dict[str, np.ndarray], num_features: int, num_labels: int):
+        self.batch, self.num_features, self.num_labels = batch, num_features, num_labels
 
     def ordered(self, batch_size: int) -> Iterator[dict[str, np.ndarray]]:
-        n = len(self.batch["labels"])
-        for start in range(0, n, batch_size):
+        for start in range(0, len(self.batch["labels"]), batch_size):
             part = {k: v[start:start + batch_size] for k, v in self.batch.items()}
-            short = batch_size - len(part["labels"])
-            if short:
-                part = {k: np.concatenate([v, np.repeat(v[-1:], short, axis=0)]) for k, v in part.items()}
-            part["mask"] = np.arange(batch_size) < batch_size - short
-            yield part
+            yield xc.pad_batch(part, batch_size, self.num_features, self.num_labels)
 
 
 # ------------------------------------------------------------------------------------------------ evaluation
@@ -142,20 +137,16 @@ def evaluate(state: slide.SlideState, eval_set, batch_size: int, use_lsh: bool, 
     hits = {k: 0.0 for k in KS}
     count = 0
     for batch in eval_set.ordered(batch_size):
-        mask = batch.pop("mask")
-        labels = np.where(mask[:, None], batch["labels"], num_labels)  # pad rows: no labels, left out
+        del batch["mask"]  # padding rows have no labels: precision_at_k leaves them out
         if use_lsh:
             ids = slide.topk_lsh(state.params, state.hash_fn, state.tables, batch, max(KS),
                                  bucket_capacity=bucket_capacity, dtype=dtype)
         else:
             ids = slide.topk(state.params, batch, max(KS), dtype=dtype)
-        ids = np.asarray(ids)
-        valid = labels < num_labels
-        has_label = valid.any(axis=1)
-        hit = ((ids[:, :, None] == labels[:, None, :]) & valid[:, None, :]).any(axis=2) & (ids >= 0)
-        for k in KS:
-            hits[k] += float(hit[has_label, :k].sum() / k)
-        count += int(has_label.sum())
+        labelled = int(np.any(batch["labels"] < num_labels, axis=1).sum())
+        for name, p in slide.precision_at_k(ids, batch["labels"], KS, num_labels).items():
+            hits[int(name[2:])] += float(p) * labelled
+        count += labelled
     return {f"P@{k}": hits[k] / max(count, 1) for k in KS}
 
 
