@@ -2,8 +2,9 @@
 
     python -m hwrepro.plots OUT.png RUN_DIR [RUN_DIR ...] [--metric eval_P@1]
 
-The x axis is each run's `train_seconds` (time in the training loop, rebuilds included, evaluation not), so
-methods are compared on the time they spent learning, on the same machine.
+Left: against each run's `train_seconds` (time in the training loop, rebuilds included, evaluation not), so
+methods are compared on the time they spent learning, on the same machine. Right: against epochs, so they
+are compared on the data they have seen (what "P@1 after one epoch" means).
 """
 
 from __future__ import annotations
@@ -16,27 +17,29 @@ from hwrepro.records import read_json, read_metrics
 
 
 def time_to_accuracy(run_dirs: list[Path], out: Path, metric: str = "eval_P@1") -> Path:
-    """One curve per run of `metric` against training seconds (log x axis); returns `out`."""
+    """`metric` against training seconds (log x axis) and against epochs, one curve per run; returns `out`."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import matplotlib.ticker
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    fig, (by_time, by_epoch) = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
     for workdir in map(Path, run_dirs):
         rows = [r for r in read_metrics(workdir) if metric in r]
         if not rows:
             continue
-        info = read_json(workdir / "run.json")
-        ax.plot([r["train_seconds"] for r in rows], [r[metric] for r in rows], marker="o",
-                label=f"{info.get('name', workdir.name)}")
-    ax.set_xscale("log")
-    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-    ax.set_xlabel("training time (s, log scale)")
-    ax.set_ylabel(metric.removeprefix("eval_"))
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
+        name = read_json(workdir / "run.json").get("name", workdir.name)
+        by_time.plot([r["train_seconds"] for r in rows], [r[metric] for r in rows], marker="o", label=name)
+        by_epoch.plot([r.get("epoch", r["step"]) for r in rows], [r[metric] for r in rows], marker="o", label=name)
+    by_time.set_xscale("log")
+    by_time.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    by_time.set_xlabel("training time (s, log scale)")
+    by_time.set_ylabel(metric.removeprefix("eval_"))
+    by_epoch.set_xlabel("epochs (steps where a run has no epochs)")
+    for ax in (by_time, by_epoch):
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)

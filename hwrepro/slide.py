@@ -10,12 +10,14 @@ Batches are the shared format (dicts of arrays): feat_ids int32 [B, F] padded wi
 [B, F], labels int32 [B, Lmax] padded with num_labels.
 
 What makes a sparse step cheap, and is kept that way on purpose:
-- the input embedding E is touched only at the batch's unique active features (unique-with-size under jit,
-  padded with num_features), its rows gathered once and differentiated as gathered rows;
+- the input embedding E is touched only at the batch's unique active features (`unique_rows`: one sort of
+  packed keys, padded with num_features), its rows gathered once, differentiated as gathered rows and handed
+  to the row-sparse Adam as they are (no second gather);
 - the output layer is differentiated with respect to the gathered candidate rows only (one gather of W and
   b per step), never with respect to the whole W;
 - E, W and b are updated with the row-sparse Adam (hwrepro.sparse_adam), whose scatters run in place because
-  the step donates the state; only the hidden bias (H floats) uses a dense optax Adam;
+  the step donates the state (bfloat16 tables are kept as uint16 bits for that); candidate ids are ascending,
+  so gathers and scatters walk the tables in memory order; only the hidden bias uses a dense optax Adam;
 - candidate selection costs O(num_labels) in float32 counters (one zeroed score array and one top_k), which
   is ~128x less traffic than one pass over W, and nothing in a step is O(num_labels * hidden).
 """

@@ -108,3 +108,21 @@ def test_text8_word2vec_runs_on_a_small_synthetic_corpus(tmp_path):
 def test_bad_slide_values_are_one_line(run_launch, tmp_path, override, message):
     p = run_launch("--config=configs/slide_amazon.py", override, f"--workdir={tmp_path / 'w'}")
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and message in p.stderr, p.stderr
+
+
+def test_p_at_1_plot_over_time_and_epochs(lsh_run, tmp_path):
+    from hwrepro import plots
+
+    workdir, _ = lsh_run
+    out = plots.time_to_accuracy([workdir], tmp_path / "p1.png")
+    assert out.stat().st_size > 10_000  # two panels with a curve each (an empty figure is ~5 KB)
+    assert plots.main([str(tmp_path / "p.png"), str(tmp_path / "nothing")]) == 2
+
+
+def test_more_candidates_than_labels_is_a_config_error(tmp_path):
+    from hwrepro.errors import ConfigError
+
+    config = tiny_config()
+    config.model.num_candidates = 10_000  # the tiny data set has 300 labels
+    with pytest.raises(ConfigError, match="num_candidates=10000 exceeds the 300 labels"):
+        runner.run_here(config, tmp_path / "w", quiet=True)

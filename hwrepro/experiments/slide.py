@@ -158,6 +158,9 @@ def run(config: ml_collections.ConfigDict, rec: Run):
     t_data = time.time()
     data = Data(config)
     rec.note_data(data.source, load_seconds=round(time.time() - t_data, 2), **data.details)
+    if m.method != "dense" and m.num_candidates > data.num_labels:
+        raise ConfigError(f"model.num_candidates={m.num_candidates} exceeds the {data.num_labels:,} labels of "
+                          f"data.dataset={d.dataset!r}")
     rec.print(f"{data.num_features:,} features -> {m.hidden} hidden -> {data.num_labels:,} outputs, "
               f"method {m.method}" + (f" ({m.candidate_mode}, {m.num_candidates} candidates)"
                                       if m.method != "dense" else ""))
