@@ -1,7 +1,8 @@
 """The CPU-versus-GPU study's plain MNIST autoencoder (arXiv 2109.01451).
 
     python launch.py --config=configs/autoencoder_mnist.py
-    python launch.py --config=configs/autoencoder_mnist.py --config.data.dir=/data/mnist --config.numerics.precision=bf16
+    python launch.py --config=configs/autoencoder_mnist.py --config.data.dir=/data/mnist \
+        --config.numerics.precision=bf16
 """
 
 from hwrepro.config_base import base_config

@@ -78,7 +78,7 @@ def needs_fresh_process(n: Mapping[str, Any]) -> bool:
 
 
 def huge_pages_in_effect() -> bool:
-    return _HUGE_PAGES_TUNABLE in _STARTUP_TUNABLES.split(":")
+    return sys.platform == "linux" and _HUGE_PAGES_TUNABLE in _STARTUP_TUNABLES.split(":")
 
 
 def environment(n: Mapping[str, Any], base: Mapping[str, str]) -> dict[str, str]:

@@ -77,8 +77,9 @@ def fit(state: Any,
 
     Every `log_every` steps (and at the last step) writes one metrics.jsonl line: step, epoch, the mean of
     each step metric since the previous line, examples/s over that window, and `train_seconds`, the time
-    spent in this loop outside evaluation and checkpoints (the x axis of time-to-accuracy plots). `eval_fn(state) -> dict` runs every
-    `eval_every` steps (0: only at the end) and its values join that line (prefixed `eval_`).
+    spent in this loop outside evaluation and checkpoints (the x axis of time-to-accuracy plots).
+    `eval_fn(state) -> dict` runs every `eval_every` steps (0: only at the end) and its values join that line
+    (prefixed `eval_`).
     `after_step(step, state) -> state` is for host-side schedules (e.g. SLIDE's table rebuilds).
     `checkpoint_fn(step, state) -> dict` runs every `checkpoint_every` steps (and at the last step when
     checkpoint_every > 0); it forces a metrics line and its values join it (see `checkpointer`).

@@ -314,7 +314,8 @@ def test_ssim_against_numpy_and_identity():
     mx, my = blur(x), blur(y)
     vx, vy, cxy = blur(x * x) - mx ** 2, blur(y * y) - my ** 2, blur(x * y) - mx * my
     c1, c2 = 0.01 ** 2, 0.03 ** 2
-    expected = (((2 * mx * my + c1) * (2 * cxy + c2)) / ((mx ** 2 + my ** 2 + c1) * (vx + vy + c2))).mean(axis=(1, 2, 3))
+    expected = ((2 * mx * my + c1) * (2 * cxy + c2)) / ((mx ** 2 + my ** 2 + c1) * (vx + vy + c2))
+    expected = expected.mean(axis=(1, 2, 3))
     np.testing.assert_allclose(experiment.ssim(jnp.asarray(x), jnp.asarray(y)), expected, rtol=1e-4)
 
 

@@ -223,7 +223,7 @@ def run(config: ml_collections.ConfigDict, rec: Run):
             state, data.test, config.eval.batch_size, True, m.bucket_capacity, compute_dtype,
             data.num_labels).items()})
     final["final_eval_seconds"] = time.time() - t
+    where = f" on {config.eval.final_points} test points" if config.eval.final_points else " on the whole test split"
     rec.print(f"{m.method}: {final['seconds_per_epoch']:.1f} s/epoch (rebuilds {timing['rebuild_seconds']:.1f} s), "
-              + " ".join(f"P@{k} {final[f'test_P@{k}']:.4f}" for k in KS)
-              + (f" on {config.eval.final_points} test points" if config.eval.final_points else " on the whole test split"))
+              + " ".join(f"P@{k} {final[f'test_P@{k}']:.4f}" for k in KS) + where)
     return final, slide.model_params(state.params)
