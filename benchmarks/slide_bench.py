@@ -6,8 +6,9 @@ One run prints every measurement side by side:
 
 Every configuration runs in its own child process (this script re-invokes itself with --child), because the
 CPU ISA cap is an XLA flag (--xla_cpu_max_isa) that must be in XLA_FLAGS before JAX starts, huge pages are a
-glibc tunable read when a process starts (numerics.huge_pages, on unless a row says "off"), and a child's
-peak resident memory (maxrss) is then the memory of that configuration's training alone.
+glibc tunables read when a process starts (numerics.huge_pages and numerics.keep_freed_memory, both on
+unless a row says "off"), and a child's peak resident memory (maxrss) is then the memory of that
+configuration's training alone.
 
 Batches are random synthetic points with Amazon-670K's shape (135,909 features, 670,091 labels, ~75 active
 features and ~5.4 labels per point); they measure speed, not learning.
@@ -179,6 +180,7 @@ def run_child(spec: dict, isa: str) -> dict:
 
     n = numerics_config()
     n.huge_pages = spec.get("huge_pages", True)
+    n.keep_freed_memory = spec.get("keep_freed_memory", True)
     env = dict(numerics.startup_environment(n, os.environ), JAX_PLATFORMS="cpu")
     env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + f" --xla_cpu_max_isa={isa}").strip()
     proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], env=env,
@@ -212,35 +214,41 @@ def main() -> None:
         ("lsh shared", "AVX512", dict(base, method="lsh", num_labels=NUM_LABELS // 4)),
         ("lsh shared", "AVX512", dict(base, method="lsh", huge_pages=False)),
         ("dense", "AVX512", dict(base, method="dense", repeats=dense_reps, huge_pages=False)),
+        ("lsh shared", "AVX512", dict(base, method="lsh", keep_freed_memory=False)),
+        ("dense", "AVX512", dict(base, method="dense", repeats=dense_reps, keep_freed_memory=False)),
     ]
     results = []
-    print(f"{'configuration':<18}{'ISA':<8}{'params':<7}{'THP':<5}{'labels':>9}{'ms/step':>10}{'rebuild ms':>12}"
+    print(f"{'configuration':<18}{'ISA':<8}{'params':<7}{'THP':<5}{'keep':<6}{'labels':>9}{'ms/step':>10}{'rebuild ms':>12}"
           f"{'floor ms':>10}{'meas/floor':>11}{'copies':>7}{'maxrss GB':>10}{'THP GB':>9}", flush=True)
     for name, isa, spec in runs:
         r = dict(run_child(spec, isa), name=name)
         results.append(r)
         thp = "on" if spec.get("huge_pages", True) else "off"
+        keep = "on" if spec.get("keep_freed_memory", True) else "off"
         if "error" in r:
-            print(f"{name:<18}{isa:<8}{spec['dtype']:<7}{thp:<5} error: {r['error']}", flush=True)
+            print(f"{name:<18}{isa:<8}{spec['dtype']:<7}{thp:<5}{keep:<6} error: {r['error']}", flush=True)
             continue
         floor = f"{r['floor_ms']:.2f}" if "floor_ms" in r else "-"
         ratio = f"{r['step_ms'] / r['floor_ms']:.2f}" if "floor_ms" in r else "-"
         rebuild = f"{r['rebuild_ms']:.0f}" if "rebuild_ms" in r else "-"
-        print(f"{name:<18}{isa:<8}{r['dtype']:<7}{thp:<5}{r['num_labels']:>9}{r['step_ms']:>10.2f}{rebuild:>12}"
+        print(f"{name:<18}{isa:<8}{r['dtype']:<7}{thp:<5}{keep:<6}{r['num_labels']:>9}{r['step_ms']:>10.2f}{rebuild:>12}"
               f"{floor:>10}{ratio:>11}{r['full_size_copies']:>7}{r['maxrss_gb']:>10.2f}"
               f"{r['huge_pages_gb']:>9.2f}", flush=True)
-    by = {(r["name"], r["isa"], r["dtype"], r["num_labels"], r.get("huge_pages", True)): r
-          for r in results if "error" not in r}
-    lsh = by.get(("lsh shared", "AVX512", "fp32", NUM_LABELS, True))
-    dense = by.get(("dense", "AVX512", "fp32", NUM_LABELS, True))
+    by = {(r["name"], r["isa"], r["dtype"], r["num_labels"], r.get("huge_pages", True),
+           r.get("keep_freed_memory", True)): r for r in results if "error" not in r}
+    lsh = by.get(("lsh shared", "AVX512", "fp32", NUM_LABELS, True, True))
+    dense = by.get(("dense", "AVX512", "fp32", NUM_LABELS, True, True))
     if lsh and dense:
         print(f"dense / lsh-shared step time: {dense['step_ms'] / lsh['step_ms']:.1f}x (target >= 40x)")
-    lsh_off = by.get(("lsh shared", "AVX512", "fp32", NUM_LABELS, False))
-    dense_off = by.get(("dense", "AVX512", "fp32", NUM_LABELS, False))
-    if lsh_off and dense_off and lsh and dense:
-        print(f"without huge pages: dense / lsh-shared {dense_off['step_ms'] / lsh_off['step_ms']:.1f}x; huge pages "
-              f"speed lsh-shared {lsh_off['step_ms'] / lsh['step_ms']:.2f}x, dense "
-              f"{dense_off['step_ms'] / dense['step_ms']:.2f}x")
+    for what, off in (("huge pages", (False, True)), ("keeping freed memory", (True, False))):
+        lsh_off = by.get(("lsh shared", "AVX512", "fp32", NUM_LABELS, *off))
+        dense_off = by.get(("dense", "AVX512", "fp32", NUM_LABELS, *off))
+        if lsh_off and dense_off and lsh and dense:
+            print(f"without {what}: dense / lsh-shared {dense_off['step_ms'] / lsh_off['step_ms']:.1f}x; {what} "
+                  f"speed lsh-shared {lsh_off['step_ms'] / lsh['step_ms']:.2f}x (rebuild "
+                  f"{lsh_off['rebuild_ms'] / lsh['rebuild_ms']:.2f}x), dense "
+                  f"{dense_off['step_ms'] / dense['step_ms']:.2f}x; lsh-shared maxrss {lsh_off['maxrss_gb']:.2f} -> "
+                  f"{lsh['maxrss_gb']:.2f} GB, dense {dense_off['maxrss_gb']:.2f} -> {dense['maxrss_gb']:.2f} GB")
     if lsh:
         print(f"lsh-shared step / arithmetic floor: {lsh['step_ms'] / lsh['floor_ms']:.2f}x (target <= 3x); "
               f"floor = {lsh['step_gflop']:.3f} GFLOP / {lsh['matmul_gflops']:.0f} GFLOP/s measured "
@@ -251,7 +259,7 @@ def main() -> None:
               f"{lsh['traffic_floor_ms']:.2f} ms")
         print(f"lsh-shared peak memory (maxrss): {lsh['maxrss_gb']:.2f} GB (target < 6 GB); "
               f"amortised rebuild at SLIDE's every-50-batches: {lsh['rebuild_ms'] / 50:.1f} ms/step")
-        small = by.get(("lsh shared", "AVX512", "fp32", NUM_LABELS // 4, True))
+        small = by.get(("lsh shared", "AVX512", "fp32", NUM_LABELS // 4, True, True))
         if small:
             print(f"num_labels {NUM_LABELS // 4} -> {NUM_LABELS}: {small['step_ms']:.2f} -> {lsh['step_ms']:.2f} "
                   f"ms/step at fixed M = {SHARED_M}")

@@ -27,6 +27,11 @@ def numerics_config() -> ml_collections.ConfigDict:
     # launcher runs the experiment in a child process): fewer TLB misses on SLIDE's random row gathers
     # (docs/benchmarks.md). Changes speed only, never a bit.
     n.huge_pages = True
+    # Freed memory kept in the process for reuse (glibc: no mmap for large blocks, one arena, no trimming; set
+    # at process start like huge_pages): XLA's per-step temporaries are then reused instead of page-faulted
+    # in afresh every step. Faster SLIDE, sampled and dense steps and rebuilds for a little more peak memory
+    # (docs/benchmarks.md). Changes speed only, never a bit.
+    n.keep_freed_memory = True
     return n
 
 

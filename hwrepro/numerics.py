@@ -20,9 +20,19 @@ DTYPES = ("fp32", "bf16")
 MATMUL_PRECISIONS = ("default", "high", "highest")
 CPU_ISAS = ("", "SSE4_2", "AVX", "AVX2", "AVX512")
 _THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
-_HUGE_PAGES_TUNABLE = "glibc.malloc.hugetlb=1"
-# glibc reads its tunables once, when the process starts: what this process really runs with.
-_STARTUP_TUNABLES = os.environ.get("GLIBC_TUNABLES", "")
+# The glibc allocator tunables behind each boolean numerics field; glibc reads them once, when a process
+# starts, so the launcher starts the training process with them (`startup_environment`).
+ALLOCATOR_TUNABLES = {
+    # Large allocations on transparent huge pages: fewer TLB misses on random row gathers.
+    "huge_pages": ("glibc.malloc.hugetlb=1",),
+    # Freed memory stays in the process for reuse: no mmap for large blocks, one arena, no trimming. XLA
+    # allocates a step's temporaries afresh each step, and with glibc's defaults every large one is a new
+    # mmap whose pages fault in (zero-filled by the kernel) again on every step.
+    "keep_freed_memory": ("glibc.malloc.mmap_max=0", "glibc.malloc.arena_max=1",
+                          "glibc.malloc.trim_threshold=1099511627776"),
+}
+# What this process really runs with.
+_STARTUP_TUNABLES = os.environ.get("GLIBC_TUNABLES", "").split(":")
 
 
 def validate(n: Mapping[str, Any]) -> None:
@@ -58,12 +68,17 @@ def xla_flags(n: Mapping[str, Any], inherited: str = "") -> str:
 
 
 def startup_environment(n: Mapping[str, Any], base: Mapping[str, str]) -> dict[str, str]:
-    """`base` with what must be set before a process starts: the glibc tunable for huge pages."""
+    """`base` with what must be set before a process starts: the glibc tunables of ALLOCATOR_TUNABLES.
+
+    A tunable the numerics manage is set only by them (a field that is off removes it); the user's others
+    are kept, first.
+    """
     env = dict(base)
-    tunables = [t for t in env.get("GLIBC_TUNABLES", "").split(":")
-                if t and not t.startswith("glibc.malloc.hugetlb=")]
-    if n.get("huge_pages", False):
-        tunables.append(_HUGE_PAGES_TUNABLE)
+    managed = {t.split("=")[0] for ts in ALLOCATOR_TUNABLES.values() for t in ts}
+    tunables = [t for t in env.get("GLIBC_TUNABLES", "").split(":") if t and t.split("=")[0] not in managed]
+    for field, ours in ALLOCATOR_TUNABLES.items():
+        if n.get(field, False):
+            tunables.extend(ours)
     if tunables:
         env["GLIBC_TUNABLES"] = ":".join(tunables)
     else:
@@ -72,13 +87,16 @@ def startup_environment(n: Mapping[str, Any], base: Mapping[str, str]) -> dict[s
 
 
 def needs_fresh_process(n: Mapping[str, Any]) -> bool:
-    """True when this process was not started with what `startup_environment` sets (so the launcher must
-    run the experiment in a child process for it to apply)."""
-    return bool(n.get("huge_pages", False)) and sys.platform == "linux" and not huge_pages_in_effect()
+    """True when this process was not started with the tunables `startup_environment` sets (so the launcher
+    must run the experiment in a child process for them to apply)."""
+    return sys.platform == "linux" and any(
+        n.get(field, False) and not allocator_tunables_in_effect()[field] for field in ALLOCATOR_TUNABLES)
 
 
-def huge_pages_in_effect() -> bool:
-    return sys.platform == "linux" and _HUGE_PAGES_TUNABLE in _STARTUP_TUNABLES.split(":")
+def allocator_tunables_in_effect() -> dict[str, bool]:
+    """{field: whether this process started with all of its glibc tunables} for each ALLOCATOR_TUNABLES field."""
+    return {field: sys.platform == "linux" and all(t in _STARTUP_TUNABLES for t in ours)
+            for field, ours in ALLOCATOR_TUNABLES.items()}
 
 
 def environment(n: Mapping[str, Any], base: Mapping[str, str]) -> dict[str, str]:
@@ -142,7 +160,7 @@ def applied() -> dict[str, Any]:
         "thread_env": {k: os.environ[k] for k in _THREAD_ENV if k in os.environ},
         "jax_default_matmul_precision": jax.config.jax_default_matmul_precision,
         "jax_enable_x64": bool(jax.config.jax_enable_x64),
-        "huge_pages": huge_pages_in_effect(),
+        **allocator_tunables_in_effect(),
         "transparent_hugepage": _read_first_line("/sys/kernel/mm/transparent_hugepage/enabled"),
     }
 

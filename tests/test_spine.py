@@ -45,8 +45,9 @@ def test_launch_writes_the_four_records(run_launch, tmp_path):
     assert "synthetic" in run["data_source"]
     assert run["numerics_applied"]["before_jax"] is True
     assert "--xla_cpu_enable_fast_math=false" in run["numerics_applied"]["xla_flags"]
-    # huge_pages is on by default: the launcher ran the experiment in a child started with the glibc tunable.
+    # The allocator tunables are on by default: the launcher ran the experiment in a child started with them.
     assert run["numerics_applied"]["huge_pages"] is (sys.platform == "linux")
+    assert run["numerics_applied"]["keep_freed_memory"] is (sys.platform == "linux")
     assert {"jax", "jaxlib", "flax", "optax", "hwrepro"} <= set(run["versions"])
     assert run["cpu"]["model"] and run["seed"] == 0
     rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
@@ -90,6 +91,7 @@ def test_isa_cap_runs_in_its_own_process_and_is_recorded(run_launch, tmp_path):
     assert p.returncode == 0, p.stderr
     applied = json.loads((tmp_path / "avx2" / "run.json").read_text())["numerics_applied"]
     assert applied["huge_pages"] is False
+    assert applied["keep_freed_memory"] is (sys.platform == "linux")
     assert "--xla_cpu_max_isa=AVX2" in applied["xla_flags"]
     assert "--xla_cpu_multi_thread_eigen=false" in applied["xla_flags"]
     assert len(applied["cpu_affinity"]) == 1
@@ -171,12 +173,17 @@ def test_xla_flags_follow_the_numerics_fields():
     assert "--xla_gpu_autotune_level=0" in env["XLA_FLAGS"]
 
 
-def test_huge_pages_are_a_start_up_tunable_that_keeps_the_users_others():
+def test_allocator_tunables_are_start_up_settings_that_keep_the_users_others():
     n = numerics_config()
-    env = numerics.startup_environment(n, {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0:glibc.malloc.arena_max=2"})
-    assert env["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"
+    user = "glibc.malloc.hugetlb=0:glibc.malloc.tcache_count=0:glibc.malloc.arena_max=2"
+    env = numerics.startup_environment(n, {"GLIBC_TUNABLES": user})
+    assert env["GLIBC_TUNABLES"].split(":") == ["glibc.malloc.tcache_count=0", "glibc.malloc.hugetlb=1",
+                                                *numerics.ALLOCATOR_TUNABLES["keep_freed_memory"]]
     n.huge_pages = False
-    assert "GLIBC_TUNABLES" not in numerics.startup_environment(n, {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"})
+    env = numerics.startup_environment(n, {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"})
+    assert env["GLIBC_TUNABLES"].split(":") == list(numerics.ALLOCATOR_TUNABLES["keep_freed_memory"])
+    n.keep_freed_memory = False
+    assert "GLIBC_TUNABLES" not in numerics.startup_environment(n, {"GLIBC_TUNABLES": "glibc.malloc.mmap_max=0"})
 
 
 def test_numerics_validation_names_the_field():
