@@ -5,9 +5,9 @@ One run prints every measurement side by side:
   python benchmarks/slide_bench.py --quick    # fewer repeats
 
 Every configuration runs in its own child process (this script re-invokes itself with --child), because the
-CPU ISA cap is an XLA flag (--xla_cpu_max_isa) that must be in XLA_FLAGS before JAX starts, huge pages are a
-glibc tunables read when a process starts (numerics.huge_pages and numerics.keep_freed_memory, both on
-unless a row says "off"), and a child's peak resident memory (maxrss) is then the memory of that
+CPU ISA cap is an XLA flag (--xla_cpu_max_isa) that must be in XLA_FLAGS before JAX starts, the glibc
+allocator tunables are read when a process starts (numerics.huge_pages and numerics.keep_freed_memory, both
+on unless a row says "off"), and a child's peak resident memory (maxrss) is then the memory of that
 configuration's training alone.
 
 Batches are random synthetic points with Amazon-670K's shape (135,909 features, 670,091 labels, ~75 active
@@ -218,8 +218,9 @@ def main() -> None:
         ("dense", "AVX512", dict(base, method="dense", repeats=dense_reps, keep_freed_memory=False)),
     ]
     results = []
-    print(f"{'configuration':<18}{'ISA':<8}{'params':<7}{'THP':<5}{'keep':<6}{'labels':>9}{'ms/step':>10}{'rebuild ms':>12}"
-          f"{'floor ms':>10}{'meas/floor':>11}{'copies':>7}{'maxrss GB':>10}{'THP GB':>9}", flush=True)
+    print(f"{'configuration':<18}{'ISA':<8}{'params':<7}{'THP':<5}{'keep':<6}{'labels':>9}{'ms/step':>10}"
+          f"{'rebuild ms':>12}{'floor ms':>10}{'meas/floor':>11}{'copies':>7}{'maxrss GB':>10}{'THP GB':>9}",
+          flush=True)
     for name, isa, spec in runs:
         r = dict(run_child(spec, isa), name=name)
         results.append(r)
@@ -231,8 +232,8 @@ def main() -> None:
         floor = f"{r['floor_ms']:.2f}" if "floor_ms" in r else "-"
         ratio = f"{r['step_ms'] / r['floor_ms']:.2f}" if "floor_ms" in r else "-"
         rebuild = f"{r['rebuild_ms']:.0f}" if "rebuild_ms" in r else "-"
-        print(f"{name:<18}{isa:<8}{r['dtype']:<7}{thp:<5}{keep:<6}{r['num_labels']:>9}{r['step_ms']:>10.2f}{rebuild:>12}"
-              f"{floor:>10}{ratio:>11}{r['full_size_copies']:>7}{r['maxrss_gb']:>10.2f}"
+        print(f"{name:<18}{isa:<8}{r['dtype']:<7}{thp:<5}{keep:<6}{r['num_labels']:>9}{r['step_ms']:>10.2f}"
+              f"{rebuild:>12}{floor:>10}{ratio:>11}{r['full_size_copies']:>7}{r['maxrss_gb']:>10.2f}"
               f"{r['huge_pages_gb']:>9.2f}", flush=True)
     by = {(r["name"], r["isa"], r["dtype"], r["num_labels"], r.get("huge_pages", True),
            r.get("keep_freed_memory", True)): r for r in results if "error" not in r}

@@ -29,8 +29,8 @@ def numerics_config() -> ml_collections.ConfigDict:
     n.huge_pages = True
     # Freed memory kept in the process for reuse (glibc: no mmap for large blocks, one arena, no trimming; set
     # at process start like huge_pages): XLA's per-step temporaries are then reused instead of page-faulted
-    # in afresh every step. Faster SLIDE, sampled and dense steps and rebuilds for a little more peak memory
-    # (docs/benchmarks.md). Changes speed only, never a bit.
+    # in afresh every step. Faster SLIDE and sampled steps and rebuilds for a little more peak memory
+    # (docs/benchmarks.md; configs/dense_amazon.py turns it off). Changes speed only, never a bit.
     n.keep_freed_memory = True
     return n
 
