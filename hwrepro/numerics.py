@@ -89,8 +89,8 @@ def startup_environment(n: Mapping[str, Any], base: Mapping[str, str]) -> dict[s
 def needs_fresh_process(n: Mapping[str, Any]) -> bool:
     """True when this process was not started with the tunables `startup_environment` sets (so the launcher
     must run the experiment in a child process for them to apply)."""
-    return sys.platform == "linux" and any(
-        n.get(field, False) and not allocator_tunables_in_effect()[field] for field in ALLOCATOR_TUNABLES)
+    in_effect = allocator_tunables_in_effect()
+    return sys.platform == "linux" and any(n.get(field, False) and not in_effect[field] for field in in_effect)
 
 
 def allocator_tunables_in_effect() -> dict[str, bool]:
