@@ -2,10 +2,14 @@
 
     python benchmarks/slide_profile.py              # with the launcher's allocator tunables
     GLIBC_TUNABLES= python benchmarks/slide_profile.py --as-is   # as this process was started
+    python benchmarks/slide_profile.py --skip-updates both        # ablation: the step without its Adam updates
 
 Prints the median step time, then the summed duration of each optimised-HLO instruction over the traced
 steps, per step, largest first. Thunks on the two cores overlap, so the times add up to more than the step;
 the profiler's own overhead makes traced steps slower. Match names to `--hlo` (the optimised HLO text).
+
+`--skip-updates` is an ablation, not a training step: the row-sparse Adam update of E ("input"), of W
+("output") or of both is left out (their gradients are still computed), to show what the updates cost.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ def main() -> None:
     parser.add_argument("--hlo", help="also write the step's optimised HLO text to this file")
     parser.add_argument("--as-is", action="store_true",
                         help="run in this process as started, without the launcher's glibc tunables")
+    parser.add_argument("--skip-updates", choices=("input", "output", "both"),
+                        help="ablation: leave out the row-sparse Adam update of E, of W or of both")
     args = parser.parse_args()
     if not args.as_is:
         from hwrepro import numerics
@@ -38,6 +44,28 @@ def main() -> None:
     profile(args)
 
 
+def skip_updates(which: str, num_features: int, num_labels: int) -> None:
+    """Makes the step's row-sparse Adam a no-op for E ("input"), W ("output") or both.
+
+    The gradient rows still feed the step's outputs (through a zero-weighted sum into the update count), so
+    XLA keeps computing them; only the gathers of the moments, the Adam arithmetic and the scatters go.
+    """
+    import jax.numpy as jnp
+
+    from hwrepro import sparse_adam
+
+    update = sparse_adam.update
+    skipped = {"input": [num_features], "output": [num_labels], "both": [num_features, num_labels]}[which]
+
+    def maybe_update(table, state, row_ids, grad_rows, *args, **kwargs):
+        if table.ndim == 2 and table.shape[0] in skipped:
+            keep_grads = (0.0 * jnp.sum(grad_rows.astype(jnp.float32))).astype(jnp.int32)
+            return table, state._replace(count=state.count + 1 + keep_grads)
+        return update(table, state, row_ids, grad_rows, *args, **kwargs)
+
+    sparse_adam.update = maybe_update
+
+
 def profile(args: argparse.Namespace) -> None:
     import jax
     import numpy as np
@@ -45,6 +73,8 @@ def profile(args: argparse.Namespace) -> None:
     import slide_bench as bench
     from hwrepro import slide
 
+    if args.skip_updates:
+        skip_updates(args.skip_updates, bench.NUM_FEATURES, bench.NUM_LABELS)
     state = slide.init_state(jax.random.PRNGKey(0), bench.NUM_FEATURES, bench.NUM_LABELS, bench.HIDDEN,
                              method="lsh")
     step = slide.make_train_step("lsh", learning_rate=1e-4, num_candidates=bench.SHARED_M,
@@ -63,7 +93,8 @@ def profile(args: argparse.Namespace) -> None:
 
     for _ in range(3):
         one_step()
-    print(f"step: {bench._median_ms(one_step, args.steps):.2f} ms (median of {args.steps}, untraced)")
+    label = f"step without the Adam update of {args.skip_updates}" if args.skip_updates else "step"
+    print(f"{label}: {bench._median_ms(one_step, args.steps):.2f} ms (median of {args.steps}, untraced)")
     with tempfile.TemporaryDirectory() as trace_dir:
         jax.profiler.start_trace(trace_dir)
         for _ in range(args.steps):
