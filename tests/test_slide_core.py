@@ -225,13 +225,17 @@ def test_blocked_top_k_equals_top_k():
     np.testing.assert_array_equal(np.asarray(v), np.asarray(v_ref))
 
 
-@pytest.mark.parametrize("shape, num_rows", [((16, 12), 300), ((4, 5), 2**30)])  # packed sort; jnp.unique
-def test_unique_rows_equals_jnp_unique(shape, num_rows):
+# Packed (id, slot) sort; ids sorted alone + binary search (id and slot need more than 32 bits); and a
+# result shorter than the batch (at most 52 distinct ids here).
+@pytest.mark.parametrize("shape, num_rows, size", [((16, 12), 300, None), ((4, 5), 2**30, None),
+                                                   ((8, 10), 2**30, 60)])
+def test_unique_rows_equals_jnp_unique(shape, num_rows, size):
     rng = np.random.default_rng(7)
     ids = rng.integers(0, min(num_rows, 50) + 1, shape).astype(np.int32)
     ids[0, :3] = num_rows  # padding
-    rows, inverse = jax.jit(slide.unique_rows, static_argnums=1)(jnp.asarray(ids), num_rows)
-    ref_rows, ref_inverse = jnp.unique(ids.ravel(), size=ids.size, fill_value=num_rows, return_inverse=True)
+    rows, inverse = jax.jit(slide.unique_rows, static_argnums=(1, 2))(jnp.asarray(ids), num_rows, size)
+    ref_rows, ref_inverse = jnp.unique(ids.ravel(), size=size or ids.size, fill_value=num_rows,
+                                       return_inverse=True)
     np.testing.assert_array_equal(rows, ref_rows)
     np.testing.assert_array_equal(inverse, np.asarray(ref_inverse).reshape(shape))
     np.testing.assert_array_equal(np.asarray(rows)[np.asarray(inverse)], ids)
