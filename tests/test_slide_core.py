@@ -151,6 +151,23 @@ def test_batch_shared_candidates_contain_labels_are_unique_and_fixed_size(batch)
         assert len(np.unique(row[m_row])) == m_row.sum() and set(lab[lab < N].tolist()) <= set(row[m_row].tolist())
 
 
+@pytest.mark.parametrize("num_labels", [10_000, 2**30])  # one packed int32 sort key; a two-key sort
+def test_per_example_candidates_rank_labels_then_retrieved_then_fill(num_labels):
+    rng = np.random.default_rng(5)
+    labels = rng.integers(0, 40, (6, 3)).astype(np.int32)
+    labels[0, 1:] = num_labels  # padding
+    retrieved = rng.integers(0, 40, (6, 10)).astype(np.int32)
+    ids, mask = slide.per_example_candidates(jnp.asarray(labels), jnp.asarray(retrieved), jax.random.PRNGKey(3),
+                                             12, num_labels)
+    for row, m_row, lab, ret in zip(np.asarray(ids), np.asarray(mask), labels, retrieved):
+        real = row[m_row]
+        assert m_row.sum() == 12 and len(np.unique(real)) == 12 and np.all(row[~m_row] == num_labels)
+        assert set(lab[lab < num_labels].tolist()) <= set(real.tolist())
+        # Retrieved ids rank above the random fill: as many of them as fit after the labels are kept.
+        kept = len(set(ret.tolist()) & set(real.tolist()) - set(lab.tolist()))
+        assert kept == min(len(set(ret.tolist()) - set(lab.tolist())), 12 - len(set(lab[lab < num_labels].tolist())))
+
+
 def test_topk_chunked_equals_dense_and_precision_at_k(params, batch):
     h = model.sparse_hidden(params["input"]["embedding"], params["input"]["bias"], batch["feat_ids"],
                             batch["feat_vals"])
