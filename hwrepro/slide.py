@@ -211,9 +211,10 @@ def batch_shared_candidates(
     """One candidate set for the whole batch, of fixed size M.
 
     Priority: the batch's true labels first, then retrieved ids seen at least `min_count` times across the
-    batch and tables (SLIDE's "sampling" mode, threshold 2), most often retrieved first, then M random ids
-    (uniform or log-uniform) to fill up. Counting uses a float32 [num_labels + 1] array (padding id N lands in
-    the last slot) and one top_k, so it costs O(num_labels + retrieved) and no sort of the retrieved ids.
+    batch and tables (SLIDE's "sampling" mode, threshold 2), most often retrieved first (ties at the cut go to
+    the lower ids), then M random ids (uniform or log-uniform) to fill up. Counting uses a float32
+    [num_labels + 1] array (padding id N lands in the last slot) and one top_k, so it costs
+    O(num_labels + retrieved) and no sort of the retrieved ids.
 
     Args:
       labels: int32 [B, Lmax], padded with num_labels.
@@ -235,8 +236,12 @@ def batch_shared_candidates(
     if retrieved is not None:
         score = score.at[retrieved.ravel()].add(1.0)
         score = jnp.where(score >= min_count, score, 0.0)
-    fill = sample_labels(key, (num_candidates,), num_labels, sampler)
-    score = score.at[fill].max(0.5)  # below any retrieved id (count >= 1), above nothing
+    k_fill, k_order = jax.random.split(key)
+    fill = sample_labels(k_fill, (num_candidates,), num_labels, sampler)
+    # Each drawn id gets a random priority in (0, 1): below any retrieved id (count >= 1), above nothing. The
+    # fill ids that fit are then a random subset of those drawn; top_k breaks ties by position, so with one
+    # shared priority the lowest drawn ids would always win and the top of the id range never be a negative.
+    score = score.at[fill].max(jax.random.uniform(k_order, (num_candidates,), minval=0.25, maxval=0.75))
     score = score.at[labels.ravel()].set(jnp.inf)
     priority, ids = jax.lax.top_k(score[:num_labels], num_candidates)
     ids = jnp.sort(jnp.where(priority > 0, ids, num_labels).astype(jnp.int32))
@@ -254,8 +259,9 @@ def per_example_candidates(
     """A candidate set per example, [B, m] (SLIDE's own mode).
 
     Each example keeps its true labels, then the ids it retrieved from its L buckets (the union, SLIDE's
-    "union" ranking), then random ids to fill up to m. Per row: one sort of Lmax + R + m ids by (id, priority)
-    to drop repeats, then one top_k by priority.
+    "union" ranking), then random ids to fill up to m; within each of the three, the ids that fit are a random
+    subset. Per row: one sort of Lmax + R + m ids by (id, priority) to drop repeats, then one top_k by priority
+    plus a random fraction (top_k alone would break ties toward the lowest ids).
 
     Args:
       labels: int32 [B, Lmax] padded with num_labels; retrieved: int32 [B, R] or None; m = num_candidates.
@@ -266,7 +272,8 @@ def per_example_candidates(
     if num_candidates > num_labels:
         raise ValueError(f"num_candidates={num_candidates} exceeds num_labels={num_labels}")
     b = labels.shape[0]
-    fill = sample_labels(key, (b, num_candidates), num_labels, sampler)
+    k_fill, k_order = jax.random.split(key)
+    fill = sample_labels(k_fill, (b, num_candidates), num_labels, sampler)
     parts = [(labels, 3), (fill, 1)] + ([(retrieved, 2)] if retrieved is not None else [])
     ids = jnp.concatenate([p for p, _ in parts], axis=1)
     prio = jnp.concatenate([jnp.full(p.shape, v, jnp.int32) for p, v in parts], axis=1)
@@ -280,7 +287,8 @@ def per_example_candidates(
         ids, neg_prio = jax.lax.sort((ids, -prio), dimension=1, num_keys=2)
         prio = -neg_prio
     first = jnp.concatenate([jnp.ones((b, 1), bool), ids[:, 1:] != ids[:, :-1]], axis=1)
-    priority, pos = jax.lax.top_k(jnp.where(first, prio, 0).astype(jnp.float32), num_candidates)
+    tie_break = jax.random.uniform(k_order, ids.shape, maxval=0.5)
+    priority, pos = jax.lax.top_k(jnp.where(first & (prio > 0), prio + tie_break, 0.0), num_candidates)
     mask = priority > 0
     return jnp.where(mask, jnp.take_along_axis(ids, pos, axis=1), num_labels), mask
 

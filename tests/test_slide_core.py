@@ -168,6 +168,23 @@ def test_per_example_candidates_rank_labels_then_retrieved_then_fill(num_labels)
         assert kept == min(len(set(ret.tolist()) - set(lab.tolist())), 12 - len(set(lab[lab < num_labels].tolist())))
 
 
+def test_random_fill_that_fits_is_spread_over_all_ids():
+    # More ids drawn than slots left: the ones kept must be a random subset of the draws, not the lowest ids.
+    n = 10_000
+    rng = np.random.default_rng(6)
+    labels = jnp.full((4, 2), n, jnp.int32)
+    retrieved = jnp.asarray(np.repeat(np.arange(600), 2), jnp.int32)  # 600 ids twice: kept, 400 slots left
+    ids, mask = slide.batch_shared_candidates(labels, retrieved, jax.random.PRNGKey(7), 1000, n)
+    fill = np.asarray(ids)[np.asarray(mask) & (np.asarray(ids) >= 600)]
+    assert len(fill) > 350 and 3500 < np.median(fill) < 6500 and fill.max() > 9000
+    # Per example: 20 retrieved ids, 30 slots left for 50 draws, in each of 64 rows.
+    retrieved = jnp.asarray(rng.integers(0, 20, (64, 20)), jnp.int32)
+    ids, mask = slide.per_example_candidates(jnp.full((64, 2), n, jnp.int32), retrieved, jax.random.PRNGKey(8),
+                                             50, n)
+    fill = np.asarray(ids)[np.asarray(mask) & (np.asarray(ids) >= 20)]
+    assert len(fill) > 64 * 25 and 0.4 < np.mean(fill > n // 2) < 0.6
+
+
 def test_topk_chunked_equals_dense_and_precision_at_k(params, batch):
     h = model.sparse_hidden(params["input"]["embedding"], params["input"]["bias"], batch["feat_ids"],
                             batch["feat_vals"])
