@@ -36,7 +36,8 @@ def slide_config(dataset: str, method: str) -> ml_collections.ConfigDict:
     # batch-shared set (an XLA-friendly gather + matmul), 8,192 rows per batch of 128.
     c.model.candidate_mode = "shared"  # shared | per_example (SLIDE's own)
     c.model.num_candidates = 8192
-    c.model.bucket_capacity = 16      # ids read per hit bucket (SLIDE's bucket size is 128; see docs/benchmarks.md)
+    c.model.bucket_capacity = 16      # ids read per hit bucket; SLIDE's bucket size, 128, did no better in one
+                                      # epoch (P@1 0.1637 vs 0.1646; docs/benchmarks.md)
     c.model.min_count = 2             # SLIDE's "sampling" mode threshold: ids retrieved at least twice
     c.model.sampler = "uniform"       # random fill / sampled-softmax negatives: uniform | log_uniform
 
