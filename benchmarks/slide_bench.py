@@ -174,14 +174,25 @@ def anon_huge_pages_gb() -> float:
     return 0.0
 
 
-def run_child(spec: dict, isa: str) -> dict:
+def startup_environment(**numerics_fields) -> dict[str, str]:
+    """This process's environment plus what the launcher sets before JAX starts (the glibc allocator
+    tunables of numerics.huge_pages and numerics.keep_freed_memory, both on unless given), on the CPU."""
     from hwrepro import numerics
     from hwrepro.config_base import numerics_config
 
     n = numerics_config()
-    n.huge_pages = spec.get("huge_pages", True)
-    n.keep_freed_memory = spec.get("keep_freed_memory", True)
-    env = dict(numerics.startup_environment(n, os.environ), JAX_PLATFORMS="cpu")
+    n.update(numerics_fields)
+    return dict(numerics.startup_environment(n, os.environ), JAX_PLATFORMS="cpu")
+
+
+def rerun_as_launched(script: str) -> None:
+    """Runs `script` again with the launcher's start-up environment and `--as-is` added, and exits with it."""
+    sys.exit(subprocess.call([sys.executable, script, "--as-is", *sys.argv[1:]], env=startup_environment()))
+
+
+def run_child(spec: dict, isa: str) -> dict:
+    env = startup_environment(huge_pages=spec.get("huge_pages", True),
+                              keep_freed_memory=spec.get("keep_freed_memory", True))
     env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + f" --xla_cpu_max_isa={isa}").strip()
     proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], env=env,
                           capture_output=True, text=True)

@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 COLUMNS = ("distinct labels", "distinct retrieved", "retrieved >= min_count, not labels",
@@ -28,11 +25,9 @@ def main() -> None:
     parser.add_argument("--as-is", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if not args.as_is:  # start again with the launcher's start-up environment (allocator tunables)
-        from hwrepro import numerics
-        from hwrepro.config_base import numerics_config
+        import slide_bench
 
-        env = dict(numerics.startup_environment(numerics_config(), os.environ), JAX_PLATFORMS="cpu")
-        sys.exit(subprocess.call([sys.executable, __file__, "--as-is", *sys.argv[1:]], env=env))
+        slide_bench.rerun_as_launched(__file__)
     diagnose(Path(args.workdir))
 
 

@@ -20,7 +20,6 @@ import glob
 import gzip
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
@@ -36,11 +35,9 @@ def main() -> None:
                         help="ablation: leave out the row-sparse Adam update of E, of W or of both")
     args = parser.parse_args()
     if not args.as_is:
-        from hwrepro import numerics
-        from hwrepro.config_base import numerics_config
+        import slide_bench
 
-        env = dict(numerics.startup_environment(numerics_config(), os.environ), JAX_PLATFORMS="cpu")
-        sys.exit(subprocess.call([sys.executable, __file__, "--as-is", *sys.argv[1:]], env=env))
+        slide_bench.rerun_as_launched(__file__)
     profile(args)
 
 
