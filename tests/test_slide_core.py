@@ -185,6 +185,22 @@ def test_random_fill_that_fits_is_spread_over_all_ids():
     assert len(fill) > 64 * 25 and 0.4 < np.mean(fill > n // 2) < 0.6
 
 
+def test_retrieved_ids_tied_at_the_cut_are_a_random_subset():
+    # 3,000 ids retrieved twice, 2,000 once, 1,000 slots: all twice-seen ids that fit are kept, and which ones
+    # is random over the whole id range (top_k on the counts alone would keep ids 0..999).
+    n = 10_000
+    twice = np.arange(0, n, 2)[:3000]
+    retrieved = jnp.asarray(np.concatenate([twice, twice, np.arange(1, 4001, 2)]), jnp.int32)
+    ids, mask = slide.batch_shared_candidates(jnp.full((4, 2), n, jnp.int32), retrieved, jax.random.PRNGKey(9),
+                                              1000, n, min_count=1)
+    kept = np.asarray(ids)[np.asarray(mask)]
+    assert len(kept) == 1000 and np.all(kept % 2 == 0)
+    assert 2000 < np.median(kept) < 4000 and kept.max() > 5600
+    again, _ = slide.batch_shared_candidates(jnp.full((4, 2), n, jnp.int32), retrieved, jax.random.PRNGKey(10),
+                                             1000, n, min_count=1)
+    assert 100 < len(np.setdiff1d(kept, np.asarray(again))) < 900
+
+
 def test_topk_chunked_equals_dense_and_precision_at_k(params, batch):
     h = model.sparse_hidden(params["input"]["embedding"], params["input"]["bias"], batch["feat_ids"],
                             batch["feat_vals"])
