@@ -33,7 +33,9 @@ def slide_config(dataset: str, method: str) -> ml_collections.ConfigDict:
     c.model.method = method           # lsh | sampled | dense
     c.model.hidden = 128              # SLIDE's Amazon-670K hidden layer
     # Active output neurons per batch. SLIDE: sparsity 0.005, ~3,350 per example, chosen per example; here one
-    # batch-shared set (an XLA-friendly gather + matmul), 8,192 rows per batch of 128.
+    # batch-shared set (an XLA-friendly gather + matmul), 8,192 rows per batch of 128. Fewer rows gave both
+    # SLIDE and sampled softmax higher one-epoch P@1 (0.24-0.26 at 1,024; the sweep in docs/benchmarks.md),
+    # but left SLIDE's tables little to choose; 8,192 stays, chosen before that sweep.
     c.model.candidate_mode = "shared"  # shared | per_example (SLIDE's own)
     c.model.num_candidates = 8192
     c.model.bucket_capacity = 16      # ids read per hit bucket; SLIDE's bucket size, 128, did no better in one
