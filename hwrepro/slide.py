@@ -249,16 +249,21 @@ def batch_shared_candidates(
     score = jnp.zeros(num_labels + 1, jnp.float32)
     if retrieved is not None:
         score = score.at[retrieved.ravel()].add(1.0)
-        # A random fraction per id, so that when more ids share the count at the cut than fit, the ones kept
-        # are a random subset of them (top_k alone would keep the lowest ids).
-        jitter = uniform_by_id(jax.random.fold_in(key, 1), num_labels + 1)
-        score = jnp.where(score >= min_count, score + 0.5 * jitter, 0.0)
+        score = jnp.where(score >= min_count, score, 0.0)
+    score = score.at[labels.ravel()].set(jnp.inf)
+    if retrieved is not None:
+        # More labels and retrieved ids than slots: a random fraction per id makes the retrieved ids kept at
+        # the cut a random subset of those with the same count (top_k alone keeps the lowest ids). Only then,
+        # as distinct values make top_k over the labels ~2 ms slower.
+        def break_ties(s):
+            return s + jnp.where(s > 0, 0.5 * uniform_by_id(jax.random.fold_in(key, 1), num_labels + 1), 0.0)
+
+        score = jax.lax.cond(jnp.sum(score[:num_labels] > 0) > num_candidates, break_ties, lambda s: s, score)
     fill = sample_labels(k_fill, (num_candidates,), num_labels, sampler)
     # Each drawn id gets a random priority in (0, 1): below any retrieved id (count >= 1), above nothing. The
     # fill ids that fit are then a random subset of those drawn; top_k breaks ties by position, so with one
     # shared priority the lowest drawn ids would always win and the top of the id range never be a negative.
     score = score.at[fill].max(jax.random.uniform(k_order, (num_candidates,), minval=0.25, maxval=0.75))
-    score = score.at[labels.ravel()].set(jnp.inf)
     priority, ids = jax.lax.top_k(score[:num_labels], num_candidates)
     ids = jnp.sort(jnp.where(priority > 0, ids, num_labels).astype(jnp.int32))
     return ids, ids < num_labels
