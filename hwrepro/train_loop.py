@@ -25,8 +25,9 @@ class Progress:
     """One status line (steps/s, ETA, latest metrics): rewritten in place on a terminal, otherwise printed
     at most every `interval` seconds so logs stay readable."""
 
-    def __init__(self, total: int, label: str, interval: float = 10.0, stream=None):
-        self.total, self.label = total, label
+    def __init__(self, total: int, label: str, interval: float = 10.0, stream=None, unit: str = "step",
+                 units: str = "steps"):
+        self.total, self.label, self.unit, self.units = total, label, unit, units
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty()
         self.interval = 0.5 if self.tty else interval
@@ -42,8 +43,8 @@ class Progress:
         rate = step / elapsed if elapsed > 0 else 0.0
         eta = (self.total - step) / rate if rate > 0 else 0.0
         fields = " ".join(f"{k} {v:.4g}" for k, v in shown.items())
-        line = (f"[{self.label}] step {step}/{self.total} ({100 * step / self.total:.0f}%) "
-                f"{rate:.1f} steps/s ETA {format_seconds(eta)} {fields}")
+        line = (f"[{self.label}] {self.unit} {step}/{self.total} ({100 * step / self.total:.0f}%) "
+                f"{rate:.1f} {self.units}/s ETA {format_seconds(eta)} {fields}").rstrip()
         if self.tty:
             self.stream.write("\r" + line.ljust(100) + ("\n" if step >= self.total else ""))
         else:

@@ -1,6 +1,7 @@
 """SLIDE as a user runs it: configs, data from XC files, records, precision well above chance."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -50,10 +51,14 @@ def test_lsh_training_learns_and_records(lsh_run):
     assert all(r["train_seconds"] > 0 for r in rows)
 
 
-def test_same_seed_same_bits_for_lsh(lsh_run, tmp_path):
+def test_same_seed_same_bits_for_lsh(lsh_run, tmp_path, capsys):
     _, final = lsh_run
     again = runner.run_here(tiny_config("lsh"), tmp_path / "again", quiet=True)
     assert again["param_sha256"] == final["param_sha256"]
+    # The final evaluation (minutes at full scale) shows progress for each scoring, ending at 100%.
+    err = capsys.readouterr().err
+    for scoring in ("all 300 labels scored", "LSH-scored"):
+        assert re.search(rf"final eval, {scoring}\] batch (\d+)/\1 \(100%\)", err), err[-2000:]
 
 
 def test_reads_xc_files_from_data_dir(tmp_path):

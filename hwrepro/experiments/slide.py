@@ -22,7 +22,7 @@ from hwrepro import lsh, numerics, slide
 from hwrepro.data import text8, xc
 from hwrepro.errors import ConfigError
 from hwrepro.records import Run
-from hwrepro.train_loop import fit
+from hwrepro.train_loop import Progress, fit
 
 XC_DATASETS = tuple(xc.SHAPES)
 DATASETS = XC_DATASETS + ("text8",)
@@ -72,6 +72,7 @@ class Data:
         self.batcher = xc.XCBatcher(train, d.max_features, d.max_labels)
         final = test if not config.eval.final_points else xc.fixed_subset(test, config.eval.final_points, d.seed)
         self.test = xc.XCBatcher(final, d.max_features, d.max_labels)
+        self.num_test = final.num_points
         self.subset = xc.XCBatcher(xc.fixed_subset(test, config.eval.subset, d.seed), d.max_features,
                                    d.max_labels)
         self.steps_per_epoch = self.batcher.steps_per_epoch(config.train.batch_size)
@@ -100,6 +101,7 @@ class Data:
         batch = text8.skipgram_batch(corpus.tokens, subset, spans, d.window, corpus.vocab_size)
         self.subset = _StaticEval(batch, corpus.vocab_size, corpus.vocab_size)
         self.test = self.subset   # word2vec has no separate test split: the held-out text is it
+        self.num_test = len(subset)
         self.num_train = cut
         self.steps_per_epoch = max(cut // config.train.batch_size, 1)
         self.details = {"tokens": len(corpus.tokens), "vocab_size": corpus.vocab_size, "train_tokens": cut}
@@ -132,11 +134,13 @@ class _StaticEval:
 
 
 def evaluate(state: slide.SlideState, eval_set, batch_size: int, use_lsh: bool, bucket_capacity: int,
-             dtype: Any, num_labels: int) -> dict[str, float]:
-    """P@1, P@3, P@5 over every point of `eval_set` (padding rows, mask False, are left out)."""
+             dtype: Any, num_labels: int, progress: Progress | None = None) -> dict[str, float]:
+    """P@1, P@3, P@5 over every point of `eval_set` (padding rows, mask False, are left out).
+
+    `progress` (counting batches) is for the final evaluation, minutes long at Amazon-670K scale."""
     hits = {k: 0.0 for k in KS}
     count = 0
-    for batch in eval_set.ordered(batch_size):
+    for i, batch in enumerate(eval_set.ordered(batch_size), 1):
         del batch["mask"]  # padding rows have no labels: precision_at_k leaves them out
         if use_lsh:
             ids = slide.topk_lsh(state.params, state.hash_fn, state.tables, batch, max(KS),
@@ -147,6 +151,8 @@ def evaluate(state: slide.SlideState, eval_set, batch_size: int, use_lsh: bool, 
         for name, p in slide.precision_at_k(ids, batch["labels"], KS, num_labels).items():
             hits[int(name[2:])] += float(p) * labelled
         count += labelled
+        if progress is not None:
+            progress.update(i, force=i == progress.total)
     return {f"P@{k}": hits[k] / max(count, 1) for k in KS}
 
 
@@ -215,13 +221,13 @@ def run(config: ml_collections.ConfigDict, rec: Run):
              "seconds_per_epoch": train_seconds * data.steps_per_epoch / num_steps,
              "examples_per_s": num_steps * config.train.batch_size / train_seconds, **timing}
     t = time.time()
-    final.update({f"test_{k}": v for k, v in evaluate(
-        state, data.test, config.eval.batch_size, False, m.bucket_capacity, compute_dtype,
-        data.num_labels).items()})
-    if m.method == "lsh":
-        final.update({f"test_lsh_{k}": v for k, v in evaluate(
-            state, data.test, config.eval.batch_size, True, m.bucket_capacity, compute_dtype,
-            data.num_labels).items()})
+    num_batches = -(-data.num_test // config.eval.batch_size)
+    for prefix, use_lsh in [("test_", False)] + ([("test_lsh_", True)] if m.method == "lsh" else []):
+        scoring = "LSH-scored" if use_lsh else f"all {data.num_labels:,} labels scored"
+        progress = Progress(num_batches, f"{config.name} final eval, {scoring}", unit="batch", units="batches")
+        final.update({prefix + k: v for k, v in evaluate(
+            state, data.test, config.eval.batch_size, use_lsh, m.bucket_capacity, compute_dtype,
+            data.num_labels, progress).items()})
     final["final_eval_seconds"] = time.time() - t
     where = f" on {config.eval.final_points} test points" if config.eval.final_points else " on the whole test split"
     rec.print(f"{m.method}: {final['seconds_per_epoch']:.1f} s/epoch (rebuilds {timing['rebuild_seconds']:.1f} s), "
