@@ -11,7 +11,6 @@ after one warm-up step, on random clips (data loading excluded). The time loop i
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import time
 from pathlib import Path
@@ -20,22 +19,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hwrepro.config_base import load_config_file
 from hwrepro.experiments import prednet as experiment
 from hwrepro.models.prednet import layer_loss_weights, param_count, time_loss_weights
 
 CONFIGS = {"small": "prednet_small", "kitti": "prednet_kitti"}
 
 
-def load_config(name: str):
-    path = Path(__file__).resolve().parent.parent / "configs" / f"{CONFIGS[name]}.py"
-    spec = importlib.util.spec_from_file_location(CONFIGS[name], path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()
-
-
 def bench(name: str, precision: str, steps: int) -> dict:
-    config = load_config(name)
+    config = load_config_file(Path(__file__).resolve().parent.parent / "configs" / f"{CONFIGS[name]}.py")
     config.numerics.precision = precision
     d, t = config.data, config.train
     state = experiment.create_state(config, jax.random.key(0), num_steps=1000)

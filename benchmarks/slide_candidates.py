@@ -12,7 +12,6 @@ is bit for bit the main job's. Prints the means over the first 200 and the last 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 from pathlib import Path
 
 COLUMNS = ("distinct labels", "distinct retrieved", "retrieved >= min_count, not labels",
@@ -37,12 +36,9 @@ def diagnose(workdir: Path) -> None:
     import numpy as np
 
     from hwrepro import runner, slide
+    from hwrepro.config_base import load_config_file
 
-    config_path = Path(__file__).resolve().parent.parent / "configs" / "slide_amazon.py"
-    spec = importlib.util.spec_from_file_location("slide_amazon", config_path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    config = module.get_config()
+    config = load_config_file(Path(__file__).resolve().parent.parent / "configs" / "slide_amazon.py")
     config.eval.final_points = 2048
     rows = []
     select = slide.batch_shared_candidates

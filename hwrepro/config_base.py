@@ -7,6 +7,9 @@ are read before numerics are applied.
 
 from __future__ import annotations
 
+import importlib.util
+import os
+
 import ml_collections
 
 
@@ -57,3 +60,12 @@ def base_config(experiment: str) -> ml_collections.ConfigDict:
     c.train.checkpoints = 0       # evenly spaced checkpoints: parameters kept in trajectory.npz
     c.train.hessian_iters = 0     # > 0: Lanczos iterations for Hessian extreme eigenvalues at checkpoints
     return c
+
+
+def load_config_file(path: str | os.PathLike) -> ml_collections.ConfigDict:
+    """`get_config()` of a config file read by path: what launch.py's --config gives, for scripts that do not
+    take absl flags (the benchmarks)."""
+    spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(path))[0], path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config()

@@ -2,7 +2,6 @@
 parameter count; the experiment end to end on the small config."""
 
 import functools
-import importlib.util
 import json
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import numpy as np
 import pytest
 from flax.traverse_util import flatten_dict
 
+from hwrepro.config_base import load_config_file
 from hwrepro.experiments import prednet as experiment
 from hwrepro.models.convlstm import ConvLSTMCell, ConvLSTMState, hard_sigmoid
 from hwrepro.models.prednet import (PredNet, PredNetOutput, layer_loss_weights, param_count,
@@ -26,10 +26,7 @@ B, NT, H, W = 2, 3, 8, 8
 
 
 def load_config(name):
-    spec = importlib.util.spec_from_file_location(name, REPO / "configs" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()
+    return load_config_file(REPO / "configs" / f"{name}.py")
 
 
 def frames_for(sizes, key=1, nt=NT):
