@@ -109,6 +109,7 @@ def test_text8_word2vec_runs_on_a_small_synthetic_corpus(tmp_path):
     ("--config.model.method=fast", "model.method='fast' is not one of"),
     ("--config.data.dataset=amazon", "data.dataset='amazon' is not one of"),
     ("--config.model.num_candidates=0", "model.num_candidates=0 must be positive"),
+    ("--config.model.min_count=0", "model.min_count=0 must be positive"),
 ])
 def test_bad_slide_values_are_one_line(run_launch, tmp_path, override, message):
     p = run_launch("--config=configs/slide_amazon.py", override, f"--workdir={tmp_path / 'w'}")

@@ -37,9 +37,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
     for name, value, allowed in checks:
         if value not in allowed:
             raise ConfigError(f"{name}={value!r} is not one of {', '.join(map(repr, allowed))}")
-    for name in ("model.hidden", "model.num_candidates", "model.bucket_capacity", "data.max_features",
-                 "data.max_labels", "lsh.num_hashes", "lsh.num_tables", "lsh.bin_size", "lsh.rebuild_period",
-                 "eval.subset", "eval.batch_size"):
+    for name in ("model.hidden", "model.num_candidates", "model.bucket_capacity", "model.min_count",
+                 "data.max_features", "data.max_labels", "lsh.num_hashes", "lsh.num_tables", "lsh.bin_size",
+                 "lsh.rebuild_period", "eval.subset", "eval.batch_size"):
         group, field = name.split(".")
         if config[group][field] <= 0:
             raise ConfigError(f"{name}={config[group][field]} must be positive")
