@@ -28,6 +28,15 @@ NUM_FEATURES, NUM_LABELS, HIDDEN, BATCH = 135_909, 670_091, 128, 128
 MAX_FEATURES, MAX_LABELS = 96, 16
 MEAN_FEATURES, MEAN_LABELS = 75, 5.4
 SHARED_M, PER_EXAMPLE_M, BUCKET_CAPACITY = 8192, 1024, 16
+MAIN_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "configs", "slide_amazon.py")
+
+
+def main_job_lsh():
+    """The main job's hash family (configs/slide_amazon.py): the LSH rows time the tables it trains with."""
+    from hwrepro.config_base import load_config_file
+    from hwrepro.experiments.slide import lsh_spec
+
+    return lsh_spec(load_config_file(MAIN_CONFIG))
 
 
 def synthetic_batches(rng, count: int, num_labels: int = NUM_LABELS) -> list[dict]:
@@ -111,7 +120,7 @@ def child(spec: dict) -> dict:
     out = dict(spec)
     t0 = time.perf_counter()
     state = slide.init_state(jax.random.PRNGKey(0), NUM_FEATURES, num_labels, HIDDEN, method=method,
-                             param_dtype=dtype)
+                             param_dtype=dtype, lsh_spec=main_job_lsh())
     jax.block_until_ready(state)
     out["init_s"] = time.perf_counter() - t0
     step = slide.make_train_step(method, learning_rate=1e-4, num_candidates=m, candidate_mode=mode,
@@ -229,6 +238,17 @@ def main() -> None:
         ("dense", "AVX512", dict(base, method="dense", repeats=dense_reps, keep_freed_memory=False)),
     ]
     results = []
+    from hwrepro.config_base import load_config_file
+    from hwrepro.records import cpu_info
+
+    cpu = cpu_info()
+    print(f"CPU: {cpu['model']}, {cpu['logical_cores']} logical cores, ISA flags {' '.join(cpu['isa_flags'])}"
+          + ("" if "avx512f" in cpu["isa_flags"] else "; no AVX-512 here: the AVX512 rows run at the best ISA "
+             "this CPU has, so they time the same code as the AVX2 rows"), flush=True)
+    hashes = load_config_file(MAIN_CONFIG).lsh
+    print(f"LSH tables as in configs/slide_amazon.py: {hashes.kind}, K = {hashes.num_hashes}, "
+          f"L = {hashes.num_tables}, bucket capacity {BUCKET_CAPACITY}, shared candidate set M = {SHARED_M}",
+          flush=True)
     print(f"{'configuration':<18}{'ISA':<8}{'params':<7}{'THP':<5}{'keep':<6}{'labels':>9}{'ms/step':>10}"
           f"{'rebuild ms':>12}{'floor ms':>10}{'meas/floor':>11}{'copies':>7}{'maxrss GB':>10}{'THP GB':>9}",
           flush=True)

@@ -73,7 +73,7 @@ def profile(args: argparse.Namespace) -> None:
     if args.skip_updates:
         skip_updates(args.skip_updates, bench.NUM_FEATURES, bench.NUM_LABELS)
     state = slide.init_state(jax.random.PRNGKey(0), bench.NUM_FEATURES, bench.NUM_LABELS, bench.HIDDEN,
-                             method="lsh")
+                             method="lsh", lsh_spec=bench.main_job_lsh())
     step = slide.make_train_step("lsh", learning_rate=1e-4, num_candidates=bench.SHARED_M,
                                  bucket_capacity=bench.BUCKET_CAPACITY)
     batches = bench.synthetic_batches(np.random.default_rng(1), 4)

@@ -16,6 +16,13 @@ from pathlib import Path
 from hwrepro.records import read_json, read_metrics
 
 
+def run_labels(workdirs: list[Path]) -> list[str]:
+    """Legend labels: each run's config name, with its folder added where runs share a name (one config run
+    with different overrides, e.g. two hash families)."""
+    names = [read_json(Path(w) / "run.json").get("name", Path(w).name) for w in workdirs]
+    return [f"{n} ({Path(w).name})" if names.count(n) > 1 else n for w, n in zip(workdirs, names)]
+
+
 def time_to_accuracy(run_dirs: list[Path], out: Path, metric: str = "eval_P@1") -> Path:
     """`metric` against training seconds (log x axis) and against epochs, one curve per run; returns `out`."""
     import matplotlib
@@ -25,11 +32,11 @@ def time_to_accuracy(run_dirs: list[Path], out: Path, metric: str = "eval_P@1") 
     import matplotlib.ticker
 
     fig, (by_time, by_epoch) = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
-    for workdir in map(Path, run_dirs):
+    workdirs = list(map(Path, run_dirs))
+    for workdir, name in zip(workdirs, run_labels(workdirs)):
         rows = [r for r in read_metrics(workdir) if metric in r]
         if not rows:
             continue
-        name = read_json(workdir / "run.json").get("name", workdir.name)
         by_time.plot([r["train_seconds"] for r in rows], [r[metric] for r in rows], marker="o", label=name)
         by_epoch.plot([r.get("epoch", r["step"]) for r in rows], [r[metric] for r in rows], marker="o", label=name)
     by_time.set_xscale("log")

@@ -52,18 +52,31 @@ def batch():
     return random_batch(np.random.default_rng(0))
 
 
+def assert_logits_match(actual, expected, h, params, ids):
+    """|actual - expected| <= 1e-6 x the logit's scale, sum_i |h_i w_i| + |b|: a product summed in another
+    order (a gather of rows, another CPU's kernel) differs by a few roundings of its terms, which is far more
+    than 1e-6 of a logit that nearly cancels to 0."""
+    w, b = np.asarray(params["output"]["weight"]), np.asarray(params["output"]["bias"])
+    ids = np.broadcast_to(np.asarray(ids), np.shape(expected))
+    scale = np.einsum("bh,bkh->bk", np.abs(np.asarray(h)), np.abs(w[ids])) + np.abs(b[ids])
+    assert np.all(np.abs(np.asarray(actual) - np.asarray(expected)) <= 1e-6 * scale)
+
+
 def test_candidate_logits_equal_dense_logits(params, batch):
     h = model.SparseInput(NF, H).apply({"params": params["input"]}, batch["feat_ids"], batch["feat_vals"])
     out = model.SparseOutput(N, H)
     dense = out.apply({"params": params["output"]}, h)
     assert dense.shape == (B, N)
     shared = jnp.array([5, 0, 299, 17, 123], jnp.int32)
-    np.testing.assert_allclose(out.apply({"params": params["output"]}, h, shared), dense[:, shared], rtol=1e-6)
+    assert_logits_match(out.apply({"params": params["output"]}, h, shared), dense[:, shared], h, params, shared)
     per_example = jnp.asarray(np.random.default_rng(1).integers(0, N, (B, 7)), jnp.int32)
-    # A batched product sums in another order than the dense one: allow one rounding of an O(1) logit.
-    np.testing.assert_allclose(out.apply({"params": params["output"]}, h, per_example),
-                               np.take_along_axis(np.asarray(dense), np.asarray(per_example), axis=1),
-                               rtol=1e-6, atol=1e-6)
+    assert_logits_match(out.apply({"params": params["output"]}, h, per_example),
+                        np.take_along_axis(np.asarray(dense), np.asarray(per_example), axis=1), h, params,
+                        per_example)
+    # Wrong rows are far outside that tolerance.
+    with pytest.raises(AssertionError):
+        assert_logits_match(out.apply({"params": params["output"]}, h, shared + 1), dense[:, shared], h, params,
+                            shared)
     # The module is the pure function: hidden layer by hand from the dense definition.
     x = np.zeros((B, NF + 1), np.float32)
     np.add.at(x, (np.arange(B)[:, None], batch["feat_ids"]), batch["feat_vals"])

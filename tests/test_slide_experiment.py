@@ -132,3 +132,13 @@ def test_more_candidates_than_labels_is_a_config_error(tmp_path):
     config.model.num_candidates = 10_000  # the tiny data set has 300 labels
     with pytest.raises(ConfigError, match="num_candidates=10000 exceeds the 300 labels"):
         runner.run_here(config, tmp_path / "w", quiet=True)
+
+
+def test_plot_labels_tell_runs_of_one_config_apart(tmp_path):
+    from hwrepro import plots
+
+    for folder, name in (("dwta", "lsh_amazon670k"), ("simhash", "lsh_amazon670k"), ("s", "sampled_amazon670k")):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "run.json").write_text(json.dumps({"name": name}))
+    labels = plots.run_labels([tmp_path / f for f in ("dwta", "simhash", "s")])
+    assert labels == ["lsh_amazon670k (dwta)", "lsh_amazon670k (simhash)", "sampled_amazon670k"]

@@ -49,6 +49,13 @@ def validate(config: ml_collections.ConfigDict) -> None:
         raise ConfigError(f"model.num_candidates={m.num_candidates} is below the {2 * d.window} context words")
 
 
+def lsh_spec(config: ml_collections.ConfigDict) -> slide.LshSpec:
+    """The output layer's hash family as the config's `lsh` fields give it."""
+    c = config.lsh
+    return slide.LshSpec(kind=c.kind, num_hashes=c.num_hashes, num_tables=c.num_tables, bin_size=c.bin_size,
+                         density=c.density)
+
+
 # ------------------------------------------------------------------------------------------------------ data
 
 
@@ -171,9 +178,7 @@ def run(config: ml_collections.ConfigDict, rec: Run):
               f"method {m.method}" + (f" ({m.candidate_mode}, {m.num_candidates} candidates)"
                                       if m.method != "dense" else ""))
     compute_dtype = numerics.jnp_dtype(config.numerics.precision)
-    spec = slide.LshSpec(kind=config.lsh.kind, num_hashes=config.lsh.num_hashes,
-                         num_tables=config.lsh.num_tables, bin_size=config.lsh.bin_size,
-                         density=config.lsh.density)
+    spec = lsh_spec(config)
     init_key, step_key, table_key = jax.random.split(jax.random.key(config.seed), 3)
     state = slide.init_state(init_key, data.num_features, data.num_labels, m.hidden, method=m.method,
                              param_dtype=numerics.jnp_dtype(config.numerics.param_dtype), lsh_spec=spec)
