@@ -21,6 +21,7 @@ M / num_labels of them.
 from __future__ import annotations
 
 import argparse
+import ast
 import time
 from pathlib import Path
 
@@ -51,16 +52,20 @@ def diagnose(workdir: Path, overrides: list[str], num_batches: int) -> None:
     import jax.numpy as jnp
     import numpy as np
 
-    from hwrepro import runner, slide
+    from hwrepro import runner, slide, sweep_grid
     from hwrepro.config_base import load_config_file
     from hwrepro.experiments import slide as experiment
 
     config = load_config_file(Path(__file__).resolve().parent.parent / "configs" / "slide_amazon.py")
     config.eval.final_points = 2048
-    for item in overrides:
-        name, _, value = item.partition("=")
-        group, field = name.split(".")
-        config[group][field] = type(config[group][field])(value)
+    fields = {}
+    for item in overrides:  # values as Python literals (16, 1e-3, "dwta" or dwta); sweep_grid checks types
+        name, _, text = item.partition("=")
+        try:
+            fields[name] = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            fields[name] = text
+    config = sweep_grid.apply(config, fields)
     rows = []
     select = slide.batch_shared_candidates
 
