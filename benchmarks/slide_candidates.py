@@ -52,11 +52,13 @@ def diagnose(workdir: Path, overrides: list[str], num_batches: int) -> None:
     import jax.numpy as jnp
     import numpy as np
 
+    import slide_bench
+
     from hwrepro import runner, slide, sweep_grid
     from hwrepro.config_base import load_config_file
     from hwrepro.experiments import slide as experiment
 
-    config = load_config_file(Path(__file__).resolve().parent.parent / "configs" / "slide_amazon.py")
+    config = load_config_file(slide_bench.MAIN_CONFIG)
     config.eval.final_points = 2048
     fields = {}
     for item in overrides:  # values as Python literals (16, 1e-3, "dwta" or dwta); sweep_grid checks types
@@ -72,9 +74,7 @@ def diagnose(workdir: Path, overrides: list[str], num_batches: int) -> None:
     def reporting_select(labels, retrieved, key, num_candidates, num_labels, min_count=2, sampler="uniform"):
         ids, mask = select(labels, retrieved, key, num_candidates, num_labels, min_count, sampler)
         if retrieved is not None:
-            count = jnp.zeros(num_labels + 1, jnp.float32).at[retrieved.ravel()].add(1.0)[:num_labels]
-            is_label = jnp.zeros(num_labels + 1, bool).at[labels.ravel()].set(True)[:num_labels]
-            hot = count >= min_count
+            count, is_label, hot = retrieval_counts(labels, retrieved, num_labels, min_count)
             at = jnp.clip(ids, 0, num_labels - 1)
             values = [jnp.sum(is_label), jnp.sum(count >= 1), jnp.sum(hot & ~is_label),
                       jnp.sum(mask & hot[at] & ~is_label[at]), jnp.sum(is_label & (count >= 1)),
@@ -106,6 +106,17 @@ def diagnose(workdir: Path, overrides: list[str], num_batches: int) -> None:
     compare_hashes(config, kept["params"], kept["data"], num_batches)
 
 
+def retrieval_counts(labels, retrieved, num_labels: int, min_count: int):
+    """Per label id, float32 / bool [num_labels]: how often the batch's queries retrieved it, whether it is
+    one of the batch's true labels, and whether it was retrieved at least min_count times (padding ids,
+    num_labels, are dropped)."""
+    import jax.numpy as jnp
+
+    count = jnp.zeros(num_labels + 1, jnp.float32).at[retrieved.ravel()].add(1.0)[:num_labels]
+    is_label = jnp.zeros(num_labels + 1, bool).at[labels.ravel()].set(True)[:num_labels]
+    return count, is_label, count >= min_count
+
+
 def compare_hashes(config, params, data, num_batches: int) -> None:
     """The hard negatives in the shared candidate set of each hash setting, on the trained weights."""
     import itertools
@@ -123,10 +134,8 @@ def compare_hashes(config, params, data, num_batches: int) -> None:
     batches = list(itertools.islice(data.batcher.epochs(config.train.batch_size, seed=config.seed + 1),
                                     num_batches))
 
-    @jax.jit
-    def hidden(batch):
-        rows = params["input"]["embedding"].at[batch["feat_ids"]].get(mode="fill", fill_value=0)
-        return model.embedding_sum(rows, batch["feat_vals"], params["input"]["bias"])
+    hidden_layer = model.SparseInput(*params["input"]["embedding"].shape)
+    hidden = jax.jit(lambda b: hidden_layer.apply({"params": params["input"]}, b["feat_ids"], b["feat_vals"]))
 
     @jax.jit
     def hard_negatives_held(h, labels, ids, mask):
@@ -159,9 +168,8 @@ def compare_hashes(config, params, data, num_batches: int) -> None:
                                                       m.num_candidates, num_labels, m.min_count, m.sampler)
             held.append(float(hard_negatives_held(h, batch["labels"], ids, mask)))
             if retrieved is not None:
-                count = jnp.zeros(num_labels + 1).at[retrieved.ravel()].add(1.0)[:num_labels]
-                is_label = jnp.zeros(num_labels + 1, bool).at[batch["labels"].ravel()].set(True)[:num_labels]
-                hot.append(float(jnp.sum((count >= m.min_count) & ~is_label)))
+                count, is_label, hot_ids = retrieval_counts(batch["labels"], retrieved, num_labels, m.min_count)
+                hot.append(float(jnp.sum(hot_ids & ~is_label)))
                 found.append(float(jnp.sum(is_label & (count >= 1)) / jnp.sum(is_label)))
         name = f"{kind} K={k} L={l}" if kind else f"{m.sampler} random (sampled)"
         print(f"{name:<28}{np.mean(held):>20.1%}{np.mean(hot) if hot else 0:>24,.0f}"
