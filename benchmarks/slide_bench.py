@@ -3,6 +3,7 @@
 One run prints every measurement side by side:
   python benchmarks/slide_bench.py            # full: 20 timed steps per sparse configuration
   python benchmarks/slide_bench.py --quick    # fewer repeats
+  python benchmarks/slide_bench.py --quick --platform=gpu   # the same steps on the first GPU (no ISA rows)
 
 Every configuration runs in its own child process (this script re-invokes itself with --child), because the
 CPU ISA cap is an XLA flag (--xla_cpu_max_isa) that must be in XLA_FLAGS before JAX starts, the glibc
@@ -84,10 +85,20 @@ def matmul_gflops(dtype_name: str, repeats: int) -> float:
     return 2 * BATCH * HIDDEN * SHARED_M / ms / 1e6
 
 
-def copy_gbs(megabytes: int = 256, repeats: int = 9) -> float:
-    """This machine's streaming memory rate: bytes read plus written per second by a large NumPy copy."""
+def copy_gbs(platform: str = "cpu", megabytes: int = 256, repeats: int = 9) -> float:
+    """The streaming memory rate where the step runs: bytes read plus written per second by a large NumPy
+    copy on the CPU, by a jitted elementwise scale in the GPU's memory."""
     import numpy as np
 
+    if platform == "gpu":
+        import jax
+        import jax.numpy as jnp
+
+        x = jnp.ones(megabytes * 2**20 // 4, jnp.float32)
+        scale = jax.jit(lambda x: x * 1.0001)
+        jax.block_until_ready(scale(x))
+        ms = _median_ms(lambda: jax.block_until_ready(scale(x)), repeats)
+        return 2 * x.nbytes / ms / 1e6
     src = np.ones(megabytes * 2**20 // 4, np.float32)
     dst = np.empty_like(src)
     ms = _median_ms(lambda: np.copyto(dst, src), repeats)
@@ -163,11 +174,16 @@ def child(spec: dict) -> dict:
         unique = np.mean([len(np.unique(b["feat_ids"][b["feat_ids"] < NUM_FEATURES])) for b in batches])
         row_bytes = HIDDEN * np.dtype(np.float32).itemsize
         traffic = (m + unique) * row_bytes * 3 * 2 + (num_labels + 1) * 4 * 3
-        out["copy_gbs"] = copy_gbs()
+        out["copy_gbs"] = copy_gbs(spec.get("platform", "cpu"))
         out["traffic_mb"] = traffic / 1e6
         out["traffic_floor_ms"] = traffic / out["copy_gbs"] / 1e6
     out["maxrss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     out["huge_pages_gb"] = anon_huge_pages_gb()
+    device = jax.devices()[0]
+    out["device"] = device.device_kind
+    peak = (device.memory_stats() or {}).get("peak_bytes_in_use") if device.platform == "gpu" else None
+    if peak is not None:
+        out["device_peak_gb"] = peak / 2**30
     return out
 
 
@@ -185,13 +201,14 @@ def anon_huge_pages_gb() -> float:
 
 def startup_environment(**numerics_fields) -> dict[str, str]:
     """This process's environment plus what the launcher sets before JAX starts (the glibc allocator
-    tunables of numerics.huge_pages and numerics.keep_freed_memory, both on unless given), on the CPU."""
+    tunables of numerics.huge_pages and numerics.keep_freed_memory, both on unless given; JAX_PLATFORMS of
+    numerics.platform, the CPU unless given)."""
     from hwrepro import numerics
     from hwrepro.config_base import numerics_config
 
     n = numerics_config()
     n.update(numerics_fields)
-    return dict(numerics.startup_environment(n, os.environ), JAX_PLATFORMS="cpu")
+    return dict(numerics.startup_environment(n, os.environ), JAX_PLATFORMS=numerics.jax_platforms(n))
 
 
 def rerun_as_launched(script: str) -> None:
@@ -200,13 +217,17 @@ def rerun_as_launched(script: str) -> None:
 
 
 def run_child(spec: dict, isa: str) -> dict:
-    env = startup_environment(huge_pages=spec.get("huge_pages", True),
+    platform = spec.get("platform", "cpu")
+    env = startup_environment(platform=platform, huge_pages=spec.get("huge_pages", True),
                               keep_freed_memory=spec.get("keep_freed_memory", True))
-    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + f" --xla_cpu_max_isa={isa}").strip()
+    if platform == "cpu":
+        env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + f" --xla_cpu_max_isa={isa}").strip()
     proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], env=env,
                           capture_output=True, text=True)
     if proc.returncode != 0:
-        return dict(spec, isa=isa, error=proc.stderr.strip().splitlines()[-1] if proc.stderr else "failed")
+        lines = proc.stderr.strip().splitlines()
+        raised = [line for line in lines if "Error" in line.split(":")[0]]  # "ValueError: ...", not JAX's notes
+        return dict(spec, isa=isa, error=(raised or lines or ["failed"])[-1])
     return dict(json.loads(proc.stdout.strip().splitlines()[-1]), isa=isa)
 
 
@@ -214,6 +235,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
                         help="5 timed steps per configuration instead of 20, one timed rebuild instead of 3")
+    parser.add_argument("--platform", choices=("cpu", "gpu"), default="cpu",
+                        help="gpu: the step rows on the first GPU, fp32 and bf16 (the ISA and allocator rows "
+                             "are CPU settings)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -222,7 +246,8 @@ def main() -> None:
     sparse_reps = 5 if args.quick else 20
     dense_reps = 2 if args.quick else 4
     base = {"num_labels": NUM_LABELS, "dtype": "fp32", "repeats": sparse_reps,
-            "rebuild_repeats": 1 if args.quick else 3}
+            "rebuild_repeats": 1 if args.quick else 3, "platform": args.platform}
+    main_isa = "AVX512" if args.platform == "cpu" else "gpu"
     runs = [
         ("lsh shared", "AVX512", dict(base, method="lsh", floor=True)),
         ("lsh per-example", "AVX512", dict(base, method="lsh", mode="per_example")),
@@ -237,6 +262,13 @@ def main() -> None:
         ("lsh shared", "AVX512", dict(base, method="lsh", keep_freed_memory=False)),
         ("dense", "AVX512", dict(base, method="dense", repeats=dense_reps, keep_freed_memory=False)),
     ]
+    if args.platform == "gpu":  # dense gets as many repeats as the sparse rows: a GPU step takes milliseconds
+        runs = [("lsh shared", "gpu", dict(base, method="lsh", floor=True)),
+                ("lsh per-example", "gpu", dict(base, method="lsh", mode="per_example")),
+                ("sampled", "gpu", dict(base, method="sampled")),
+                ("dense", "gpu", dict(base, method="dense")),
+                ("lsh shared", "gpu", dict(base, method="lsh", dtype="bf16", floor=True)),
+                ("dense", "gpu", dict(base, method="dense", dtype="bf16"))]
     results = []
     from hwrepro.config_base import load_config_file
     from hwrepro.records import cpu_info
@@ -268,10 +300,15 @@ def main() -> None:
               f"{r['huge_pages_gb']:>9.2f}", flush=True)
     by = {(r["name"], r["isa"], r["dtype"], r["num_labels"], r.get("huge_pages", True),
            r.get("keep_freed_memory", True)): r for r in results if "error" not in r}
-    lsh = by.get(("lsh shared", "AVX512", "fp32", NUM_LABELS, True, True))
-    dense = by.get(("dense", "AVX512", "fp32", NUM_LABELS, True, True))
+    lsh = by.get(("lsh shared", main_isa, "fp32", NUM_LABELS, True, True))
+    dense = by.get(("dense", main_isa, "fp32", NUM_LABELS, True, True))
     if lsh and dense:
-        print(f"dense / lsh-shared step time: {dense['step_ms'] / lsh['step_ms']:.1f}x (target >= 40x)")
+        print(f"dense / lsh-shared step time: {dense['step_ms'] / lsh['step_ms']:.1f}x (target >= 40x on the "
+              "2-core CPU)")
+    if args.platform == "gpu" and lsh:
+        print(f"GPU: {lsh['device']}; device memory peak of the lsh-shared child "
+              f"{lsh.get('device_peak_gb', float('nan')):.2f} GB"
+              + (f", dense child {dense.get('device_peak_gb', float('nan')):.2f} GB" if dense else ""))
     for what, off in (("huge pages", (False, True)), ("keeping freed memory", (True, False))):
         lsh_off = by.get(("lsh shared", "AVX512", "fp32", NUM_LABELS, *off))
         dense_off = by.get(("dense", "AVX512", "fp32", NUM_LABELS, *off))

@@ -99,11 +99,16 @@ def allocator_tunables_in_effect() -> dict[str, bool]:
             for field, ours in ALLOCATOR_TUNABLES.items()}
 
 
+def jax_platforms(n: Mapping[str, Any]) -> str:
+    """JAX_PLATFORMS for numerics.platform: JAX must be kept from falling back to another platform."""
+    return "cuda" if n["platform"] == "gpu" else "cpu"
+
+
 def environment(n: Mapping[str, Any], base: Mapping[str, str]) -> dict[str, str]:
     """`base` with what these numerics need before JAX starts: XLA_FLAGS, platform, thread variables."""
     env = dict(base)
     env["XLA_FLAGS"] = xla_flags(n, base.get("XLA_FLAGS", ""))
-    env["JAX_PLATFORMS"] = "cuda" if n["platform"] == "gpu" else "cpu"
+    env["JAX_PLATFORMS"] = jax_platforms(n)
     if n["threads"]:
         for name in _THREAD_ENV:
             env[name] = str(n["threads"])

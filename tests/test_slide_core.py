@@ -214,6 +214,39 @@ def test_retrieved_ids_tied_at_the_cut_are_a_random_subset():
     assert 100 < len(np.setdiff1d(kept, np.asarray(again))) < 900
 
 
+def full_array_selection(labels, retrieved, key, num_candidates, num_labels, min_count, sampler):
+    """The selection's definition, written over every label id: priorities in one [N + 1] array, one top_k
+    over all of it (what batch_shared_candidates did before it listed the ids; 5x slower at 670k labels)."""
+    k_fill, k_order = jax.random.split(key)
+    score = jnp.zeros(num_labels + 1).at[retrieved.ravel()].add(1.0)
+    score = jnp.where(score >= min_count, score, 0.0).at[labels.ravel()].set(jnp.inf)
+    score = score + jnp.where(score > 0, 0.5 * slide.uniform_by_id(jax.random.fold_in(key, 1),
+                                                                   jnp.arange(num_labels + 1)), 0.0)
+    fill = slide.sample_labels(k_fill, (num_candidates,), num_labels, sampler)
+    score = score.at[fill].max(jax.random.uniform(k_order, (num_candidates,), minval=0.25, maxval=0.75))
+    priority, ids = jax.lax.top_k(score[:num_labels], num_candidates)
+    return np.sort(np.where(np.asarray(priority) > 0, np.asarray(ids), num_labels))
+
+
+@pytest.mark.parametrize("min_count, retrieved_ids", [(2, 3_000), (1, 3_000), (1, 40), (2, 0)])
+def test_batch_shared_candidates_equal_a_top_k_over_every_label(min_count, retrieved_ids):
+    # Overfull (min_count=1: ~2,600 distinct retrieved ids for 500 slots), underfull, and nothing retrieved
+    # but padding; padded labels and retrieved ids (id N) throughout.
+    n, m = 5_000, 500
+    rng = np.random.default_rng(11)
+    labels = rng.integers(0, n, (8, 4)).astype(np.int32)
+    labels[::2, -1] = n
+    retrieved = np.full((8, 5, 100), n, np.int32)
+    retrieved.reshape(-1)[:retrieved_ids] = rng.integers(0, n, retrieved_ids)
+    labels, retrieved = jnp.asarray(labels), jnp.asarray(retrieved)
+    for sampler in slide.SAMPLERS:
+        for seed in range(3):
+            key = jax.random.PRNGKey(seed)
+            ids, mask = slide.batch_shared_candidates(labels, retrieved, key, m, n, min_count, sampler)
+            expected = full_array_selection(labels, retrieved, key, m, n, min_count, sampler)
+            np.testing.assert_array_equal(np.asarray(ids), expected)
+            np.testing.assert_array_equal(np.asarray(mask), expected < n)
+
 def test_topk_chunked_equals_dense_and_precision_at_k(params, batch):
     h = model.sparse_hidden(params["input"]["embedding"], params["input"]["bias"], batch["feat_ids"],
                             batch["feat_vals"])
