@@ -1,12 +1,13 @@
 """hwrepro.sweep_grid: grid order, point names, explicit points, validation, apply and sharding."""
 
 import re
+from pathlib import Path
 
 import ml_collections
 import pytest
 
-from hwrepro import sweep_grid
-from hwrepro.config_base import base_config
+from hwrepro import runner, sweep, sweep_grid
+from hwrepro.config_base import base_config, load_config_file
 from hwrepro.errors import ConfigError
 
 SAFE_NAME = re.compile(r"[A-Za-z0-9._+=,-]+")
@@ -202,3 +203,14 @@ def test_shards_are_disjoint_round_robin_and_cover_every_point_once():
 def test_bad_shard_specs_are_clear_errors(spec):
     with pytest.raises(ValueError, match=r"shard .*0 <= i < n"):
         sweep_grid.shard([], spec)
+
+
+CONFIG_FILES = sorted(Path(__file__).resolve().parents[1].glob("configs/*.py"))
+
+
+@pytest.mark.parametrize("path", CONFIG_FILES, ids=[p.stem for p in CONFIG_FILES])
+def test_every_shipped_config_and_sweep_point_passes_validation(path):
+    # What the launcher checks before anything runs: a config that fails here would stop at its first line.
+    config = load_config_file(path)
+    for point in sweep_grid.expand(config):
+        runner.validate(sweep.point_config(config, point))
