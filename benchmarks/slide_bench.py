@@ -248,20 +248,6 @@ def main() -> None:
     base = {"num_labels": NUM_LABELS, "dtype": "fp32", "repeats": sparse_reps,
             "rebuild_repeats": 1 if args.quick else 3, "platform": args.platform}
     main_isa = "AVX512" if args.platform == "cpu" else "gpu"
-    runs = [
-        ("lsh shared", "AVX512", dict(base, method="lsh", floor=True)),
-        ("lsh per-example", "AVX512", dict(base, method="lsh", mode="per_example")),
-        ("sampled", "AVX512", dict(base, method="sampled")),
-        ("dense", "AVX512", dict(base, method="dense", repeats=dense_reps)),
-        ("lsh shared", "AVX512", dict(base, method="lsh", dtype="bf16", floor=True)),
-        ("lsh shared", "AVX2", dict(base, method="lsh", floor=True)),
-        ("lsh shared", "AVX2", dict(base, method="lsh", dtype="bf16")),
-        ("lsh shared", "AVX512", dict(base, method="lsh", num_labels=NUM_LABELS // 4)),
-        ("lsh shared", "AVX512", dict(base, method="lsh", huge_pages=False)),
-        ("dense", "AVX512", dict(base, method="dense", repeats=dense_reps, huge_pages=False)),
-        ("lsh shared", "AVX512", dict(base, method="lsh", keep_freed_memory=False)),
-        ("dense", "AVX512", dict(base, method="dense", repeats=dense_reps, keep_freed_memory=False)),
-    ]
     if args.platform == "gpu":  # dense gets as many repeats as the sparse rows: a GPU step takes milliseconds
         runs = [("lsh shared", "gpu", dict(base, method="lsh", floor=True)),
                 ("lsh per-example", "gpu", dict(base, method="lsh", mode="per_example")),
@@ -269,6 +255,21 @@ def main() -> None:
                 ("dense", "gpu", dict(base, method="dense")),
                 ("lsh shared", "gpu", dict(base, method="lsh", dtype="bf16", floor=True)),
                 ("dense", "gpu", dict(base, method="dense", dtype="bf16"))]
+    else:
+        runs = [
+            ("lsh shared", "AVX512", dict(base, method="lsh", floor=True)),
+            ("lsh per-example", "AVX512", dict(base, method="lsh", mode="per_example")),
+            ("sampled", "AVX512", dict(base, method="sampled")),
+            ("dense", "AVX512", dict(base, method="dense", repeats=dense_reps)),
+            ("lsh shared", "AVX512", dict(base, method="lsh", dtype="bf16", floor=True)),
+            ("lsh shared", "AVX2", dict(base, method="lsh", floor=True)),
+            ("lsh shared", "AVX2", dict(base, method="lsh", dtype="bf16")),
+            ("lsh shared", "AVX512", dict(base, method="lsh", num_labels=NUM_LABELS // 4)),
+            ("lsh shared", "AVX512", dict(base, method="lsh", huge_pages=False)),
+            ("dense", "AVX512", dict(base, method="dense", repeats=dense_reps, huge_pages=False)),
+            ("lsh shared", "AVX512", dict(base, method="lsh", keep_freed_memory=False)),
+            ("dense", "AVX512", dict(base, method="dense", repeats=dense_reps, keep_freed_memory=False)),
+        ]
     results = []
     from hwrepro.config_base import load_config_file
     from hwrepro.records import cpu_info
