@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
 import subprocess
 import sys
@@ -122,8 +123,12 @@ def child(spec: dict) -> dict:
     import jax.numpy as jnp
     import numpy as np
 
-    from hwrepro import slide
+    from hwrepro import numerics, slide
+    from hwrepro.config_base import numerics_config
 
+    n = numerics_config()
+    n.platform = spec.get("platform", "cpu")
+    numerics.apply_after_jax(n)  # one clear error line when the platform is missing
     num_labels = spec["num_labels"]
     dtype = jnp.bfloat16 if spec["dtype"] == "bf16" else jnp.float32
     method, mode = spec["method"], spec.get("mode", "shared")
@@ -226,7 +231,7 @@ def run_child(spec: dict, isa: str) -> dict:
                           capture_output=True, text=True)
     if proc.returncode != 0:
         lines = proc.stderr.strip().splitlines()
-        raised = [line for line in lines if "Error" in line.split(":")[0]]  # "ValueError: ...", not JAX's notes
+        raised = [line for line in lines if re.match(r"[A-Za-z_][\w.]*(: |$)", line)]  # "ValueError: ...", not notes
         return dict(spec, isa=isa, error=(raised or lines or ["failed"])[-1])
     return dict(json.loads(proc.stdout.strip().splitlines()[-1]), isa=isa)
 
