@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# The GPU measurements, as one script for a short GPU lease (about 8 minutes with the start), run from the repository root:
+# The GPU measurements as one script for a short GPU lease (about 8 minutes with the machine's start), run
+# from the repository root:
 #   bash benchmarks/gpu_check.sh OUTDIR
 # 1. the SLIDE step benchmark on the GPU (dense, sampled, LSH at Amazon-670K shape, fp32 and bf16);
 # 2. configs/sweep_autoencoder_gpu.py (the GPU half of the CPU-versus-GPU autoencoder sweep), cut at
 #    SWEEP_SECONDS and resumable by running the same command again.
 # Logs, versions and the sweep folder (a .tgz cut into 15 MB parts: cat them, untar, and rebuild its report
-# anywhere with python -m hwrepro.report) go to OUTDIR. Without hwrepro installed, the repository root is put on PYTHONPATH.
+# anywhere with python -m hwrepro.report) go to OUTDIR. Without hwrepro installed, the repository root is put
+# on PYTHONPATH.
 set -u -o pipefail
 out=${1:?usage: bash benchmarks/gpu_check.sh OUTDIR}
 mkdir -p "$out"

@@ -127,7 +127,7 @@ def child(spec: dict) -> dict:
     from hwrepro.config_base import numerics_config
 
     n = numerics_config()
-    n.platform = spec.get("platform", "cpu")
+    n.platform = platform = spec.get("platform", "cpu")
     numerics.apply_after_jax(n)  # one clear error line when the platform is missing
     num_labels = spec["num_labels"]
     dtype = jnp.bfloat16 if spec["dtype"] == "bf16" else jnp.float32
@@ -179,7 +179,7 @@ def child(spec: dict) -> dict:
         unique = np.mean([len(np.unique(b["feat_ids"][b["feat_ids"] < NUM_FEATURES])) for b in batches])
         row_bytes = HIDDEN * np.dtype(np.float32).itemsize
         traffic = (m + unique) * row_bytes * 3 * 2 + (num_labels + 1) * 4 * 3
-        out["copy_gbs"] = copy_gbs(spec.get("platform", "cpu"))
+        out["copy_gbs"] = copy_gbs(platform)
         out["traffic_mb"] = traffic / 1e6
         out["traffic_floor_ms"] = traffic / out["copy_gbs"] / 1e6
     out["maxrss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
