@@ -1,11 +1,13 @@
 """hwrepro's command line: `python launch.py --config=configs/NAME.py [--workdir=DIR] [--config.a.b=value]`.
 
-Flags only; the work happens in hwrepro.runner. JAX is not imported here, so the config's numerics
+Flags only; the work happens in hwrepro.harness.launcher. JAX is not imported here, so the config's numerics
 (XLA_FLAGS, threads, platform) can still take effect in this process.
 """
 
+import ast
 import re
 import sys
+from pathlib import Path
 
 from absl import app, flags
 from ml_collections import config_flags
@@ -17,8 +19,59 @@ _SHARD = flags.DEFINE_string("shard", None, "For sweeps: run only shard i of n, 
 flags.mark_flags_as_required(["config"])
 
 
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+# The fields people change most; every field of a config can be overridden the same way.
+MAIN_FIELDS = """\
+  --config.seed=N                      training seed (the synthetic data keep data.seed)
+  --config.train.num_steps=N           stop after N steps (0: train.num_epochs epochs)
+  --config.train.num_epochs=N          epochs when num_steps is 0
+  --config.train.batch_size=N          --config.train.learning_rate=X
+  --config.train.eval_every=N          steps between evaluations (0: only at the end)
+  --config.eval.final_points=N         SLIDE configs: final P@k on N test points (0: the whole split; the
+                                       whole split is most of a short run's time)
+  --config.data.dir=DIR                real data (else the synthetic stand-in, said in the log)
+  --config.numerics.precision=bf16     compute dtype (fp32 | bf16); also param_dtype, matmul_precision
+  --config.numerics.cpu_max_isa=AVX2   XLA CPU ISA cap (SSE4_2 | AVX | AVX2 | AVX512)
+  --config.numerics.threads=N          CPU cores (0: all); numerics.platform=gpu for a GPU
+  --config.model.method=sampled        SLIDE configs: lsh | sampled | dense
+  --config.lsh.kind=dwta               SLIDE configs: the hash family (lsh.num_hashes, lsh.num_tables)"""
+
+
+def first_sentence(path: Path) -> str:
+    """The first sentence of a config file's docstring, read without running the file."""
+    doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+    paragraph = " ".join(doc.split("\n\n")[0].split())
+    return re.split(r"(?<=\.)\s(?=[A-Z])", paragraph, maxsplit=1)[0]
+
+
+def usage() -> str:
+    configs = sorted(CONFIG_DIR.glob("*.py"))
+    width = max(len(p.name) for p in configs)
+    lines = [f"  configs/{p.name:<{width}}  {first_sentence(p)}" for p in configs]
+    return f"""usage: python launch.py --config=configs/NAME.py [--workdir=DIR] [--config.a.b=value ...] [--shard=i/n]
+
+Runs one experiment (or a sweep) and records it in DIR (default: a fresh runs/<name>-<time>/): config.json,
+run.json, metrics.jsonl, final.json with param_sha256. Exit codes: 0 done, 1 failed, 2 bad input, 3 skipped.
+
+configs:
+{chr(10).join(lines)}
+
+main overrides (any config field works: --config.group.field=value):
+{MAIN_FIELDS}
+
+flags:
+  --config=FILE      the experiment config (required)
+  --workdir=DIR      the run folder; a folder holding a finished run is never overwritten
+  --shard=i/n        sweeps only: run every n-th point starting at i (for a job array)
+"""
+
+
 def parse_flags(argv: list[str]) -> list[str]:
-    """absl's flag parsing, with one error line (not a traceback) for a bad --config.* override."""
+    """absl's flag parsing, with one error line (not a traceback) for a bad --config.* override; --help
+    prints `usage()` and exits 0."""
+    if any(a in ("-h", "--help", "-help", "--helpfull", "--helpshort") for a in argv[1:]):
+        print(usage())
+        sys.exit(0)
     try:
         return flags.FLAGS(argv)
     except flags.Error as e:
@@ -46,7 +99,7 @@ def config_path() -> str:
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    from hwrepro import runner
+    from hwrepro.harness import launcher, runner
 
     try:
         config = _CONFIG.value
@@ -56,7 +109,7 @@ def main(argv):
         print(f"error: cannot load --config={config_path()}: {detail[-1] if detail else e}", file=sys.stderr)
         return 2
     try:
-        return runner.launch(config, _WORKDIR.value, _SHARD.value)
+        return launcher.launch(config, _WORKDIR.value, _SHARD.value)
     except (Exception, KeyboardInterrupt) as e:
         return runner.report_error(e)
 

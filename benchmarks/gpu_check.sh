@@ -6,7 +6,7 @@
 # 2. configs/sweep_autoencoder_gpu.py (the GPU half of the CPU-versus-GPU autoencoder sweep), cut at
 #    SWEEP_SECONDS and resumable by running the same command again.
 # Logs, versions and the sweep folder (a .tgz cut into 15 MB parts: cat them, untar, and rebuild its report
-# anywhere with python -m hwrepro.report) go to OUTDIR. Without hwrepro installed, the repository root is put
+# anywhere with python -m hwrepro.study.report) go to OUTDIR. Without hwrepro installed, the repository root is put
 # on PYTHONPATH.
 set -u -o pipefail
 out=${1:?usage: bash benchmarks/gpu_check.sh OUTDIR}
@@ -32,6 +32,6 @@ timeout "${BENCH_SECONDS:-180}" "$python" benchmarks/slide_bench.py --quick --pl
 echo "== sweep_autoencoder_gpu ($(date -u +%H:%M:%S))"
 timeout -s TERM "${SWEEP_SECONDS:-300}" "$python" launch.py --config=configs/sweep_autoencoder_gpu.py \
   --workdir="$workdir" 2>&1 | tee "$out/sweep_autoencoder_gpu.txt"
-"$python" -m hwrepro.report "$workdir" >/dev/null 2>&1  # a sweep cut by the time limit wrote no report yet
+"$python" -m hwrepro.study.report "$workdir" >/dev/null 2>&1  # a sweep cut by the time limit wrote no report yet
 tar czf - "$workdir" | split -b 15m -d - "$out/sweep_autoencoder_gpu.tgz."
 echo "== done ($(date -u +%H:%M:%S))"

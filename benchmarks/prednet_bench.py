@@ -19,9 +19,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hwrepro.config_base import load_config_file
+from hwrepro.harness.config import load_config_file
 from hwrepro.experiments import prednet as experiment
-from hwrepro.models.prednet import layer_loss_weights, param_count, time_loss_weights
+from hwrepro.models.predictive_coding import layer_loss_weights, param_count, time_loss_weights
 
 CONFIGS = {"small": "prednet_small", "kitti": "prednet_kitti"}
 

@@ -35,7 +35,7 @@ MAIN_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir
 
 def main_job_lsh():
     """The main job's hash family (configs/slide_amazon.py): the LSH rows time the tables it trains with."""
-    from hwrepro.config_base import load_config_file
+    from hwrepro.harness.config import load_config_file
     from hwrepro.experiments.slide import lsh_spec
 
     return lsh_spec(load_config_file(MAIN_CONFIG))
@@ -123,8 +123,9 @@ def child(spec: dict) -> dict:
     import jax.numpy as jnp
     import numpy as np
 
-    from hwrepro import numerics, slide
-    from hwrepro.config_base import numerics_config
+    from hwrepro import sparse
+    from hwrepro.harness import numerics
+    from hwrepro.harness.config import numerics_config
 
     n = numerics_config()
     n.platform = platform = spec.get("platform", "cpu")
@@ -135,11 +136,11 @@ def child(spec: dict) -> dict:
     m = PER_EXAMPLE_M if mode == "per_example" else SHARED_M
     out = dict(spec)
     t0 = time.perf_counter()
-    state = slide.init_state(jax.random.PRNGKey(0), NUM_FEATURES, num_labels, HIDDEN, method=method,
+    state = sparse.init_state(jax.random.PRNGKey(0), NUM_FEATURES, num_labels, HIDDEN, method=method,
                              param_dtype=dtype, lsh_spec=main_job_lsh())
     jax.block_until_ready(state)
     out["init_s"] = time.perf_counter() - t0
-    step = slide.make_train_step(method, learning_rate=1e-4, num_candidates=m, candidate_mode=mode,
+    step = sparse.make_train_step(method, learning_rate=1e-4, num_candidates=m, candidate_mode=mode,
                                  bucket_capacity=BUCKET_CAPACITY, compute_dtype=dtype)
     batches = synthetic_batches(np.random.default_rng(1), 4, num_labels)
     key = jax.random.PRNGKey(2)
@@ -162,7 +163,7 @@ def child(spec: dict) -> dict:
     out["loss"], out["candidates"] = holder["loss"], holder["cand"]
     if method == "lsh":
         def one_rebuild():
-            holder["state"] = slide.rebuild(holder["state"], jax.random.PRNGKey(holder["i"]))
+            holder["state"] = sparse.rebuild(holder["state"], jax.random.PRNGKey(holder["i"]))
             holder["i"] += 1
             jax.block_until_ready(holder["state"])
 
@@ -208,8 +209,8 @@ def startup_environment(**numerics_fields) -> dict[str, str]:
     """This process's environment plus what the launcher sets before JAX starts (the glibc allocator
     tunables of numerics.huge_pages and numerics.keep_freed_memory, both on unless given; JAX_PLATFORMS of
     numerics.platform, the CPU unless given)."""
-    from hwrepro import numerics
-    from hwrepro.config_base import numerics_config
+    from hwrepro.harness import numerics
+    from hwrepro.harness.config import numerics_config
 
     n = numerics_config()
     n.update(numerics_fields)
@@ -276,8 +277,8 @@ def main() -> None:
             ("dense", "AVX512", dict(base, method="dense", repeats=dense_reps, keep_freed_memory=False)),
         ]
     results = []
-    from hwrepro.config_base import load_config_file
-    from hwrepro.records import cpu_info
+    from hwrepro.harness.config import load_config_file
+    from hwrepro.harness.records import cpu_info
 
     cpu = cpu_info()
     print(f"CPU: {cpu['model']}, {cpu['logical_cores']} logical cores, ISA flags {' '.join(cpu['isa_flags'])}"

@@ -5,7 +5,7 @@ other hash settings would be on the trained weights (a diagnostic, not a test).
     python benchmarks/slide_candidates.py /tmp/c --set lsh.kind=dwta --set lsh.num_hashes=6 --set lsh.num_tables=50
 
 Runs `configs/slide_amazon.py` (with any `--set group.field=value`) in this process with
-`slide.batch_shared_candidates` wrapped so that every step also reports, through `jax.debug.callback`, the
+`sparse.batch_shared_candidates` wrapped so that every step also reports, through `jax.debug.callback`, the
 batch's distinct true labels, the distinct ids retrieved from the LSH tables (at least once, and at least
 `min_count` times), how many retrieved non-label ids made it into the candidate set, and how many of the true
 labels the tables retrieved. The wrapper only reads: the training is bit for bit the main job's. Prints the
@@ -54,8 +54,10 @@ def diagnose(workdir: Path, overrides: list[str], num_batches: int) -> None:
 
     import slide_bench
 
-    from hwrepro import runner, slide, sweep_grid
-    from hwrepro.config_base import load_config_file
+    from hwrepro import sparse
+    from hwrepro.harness import runner
+    from hwrepro.study import grid
+    from hwrepro.harness.config import load_config_file
     from hwrepro.experiments import slide as experiment
 
     config = load_config_file(slide_bench.MAIN_CONFIG)
@@ -67,9 +69,9 @@ def diagnose(workdir: Path, overrides: list[str], num_batches: int) -> None:
             fields[name] = ast.literal_eval(text)
         except (ValueError, SyntaxError):
             fields[name] = text
-    config = sweep_grid.apply(config, fields)
+    config = grid.apply(config, fields)
     rows = []
-    select = slide.batch_shared_candidates
+    select = sparse.batch_shared_candidates
 
     def reporting_select(labels, retrieved, key, num_candidates, num_labels, min_count=2, sampler="uniform"):
         ids, mask = select(labels, retrieved, key, num_candidates, num_labels, min_count, sampler)
@@ -93,12 +95,12 @@ def diagnose(workdir: Path, overrides: list[str], num_batches: int) -> None:
         final, kept["params"] = run(cfg, rec)
         return final, kept["params"]
 
-    slide.batch_shared_candidates = reporting_select
+    sparse.batch_shared_candidates = reporting_select
     experiment.Data, experiment.run = keeping_data, keeping_run
     try:
         runner.run_here(config, workdir)
     finally:
-        slide.batch_shared_candidates = select
+        sparse.batch_shared_candidates = select
         experiment.Data, experiment.run = data_class, run
     table = np.stack(rows)
     for part, block in (("first 200 steps", table[:200]), ("last 1,000 steps", table[-1000:])):
@@ -125,8 +127,9 @@ def compare_hashes(config, params, data, num_batches: int) -> None:
     import jax.numpy as jnp
     import numpy as np
 
-    from hwrepro import lsh, slide
-    from hwrepro.models import slide as model
+    from hwrepro import sparse
+    from hwrepro.sparse import lsh
+    from hwrepro.models import sparse_layers as model
 
     m = config.model
     weight, bias = params["output"]["weight"].astype(jnp.float32), params["output"]["bias"]
@@ -154,8 +157,9 @@ def compare_hashes(config, params, data, num_batches: int) -> None:
         held, hot, found, build = [], [], [], 0.0
         tables = hash_fn = None
         if kind is not None:
-            spec = slide.LshSpec(kind=kind, num_hashes=k, num_tables=l, bin_size=config.lsh.bin_size)
-            hash_fn = slide.init_hash_fn(spec, jax.random.key(config.seed), weight.shape[1])
+            options = config.lsh.get(kind)
+            hash_fn = lsh.init_hash(kind, jax.random.key(config.seed), weight.shape[1], k, l,
+                                    **(options.to_dict() if options is not None else {}))
             jax.block_until_ready(lsh.build_tables(hash_fn, weight, jax.random.key(0)))  # compile
             t = time.perf_counter()
             tables = jax.block_until_ready(lsh.build_tables(hash_fn, weight, jax.random.key(1)))
@@ -163,8 +167,8 @@ def compare_hashes(config, params, data, num_batches: int) -> None:
         for i, batch in enumerate(batches):
             batch = {name: jnp.asarray(v) for name, v in batch.items()}
             h = hidden(batch)
-            retrieved = None if tables is None else lsh.query(tables, hash_fn, h, m.bucket_capacity)
-            ids, mask = slide.batch_shared_candidates(batch["labels"], retrieved, jax.random.key(i),
+            retrieved = None if tables is None else lsh.query(hash_fn, tables, h, m.bucket_capacity)
+            ids, mask = sparse.batch_shared_candidates(batch["labels"], retrieved, jax.random.key(i),
                                                       m.num_candidates, num_labels, m.min_count, m.sampler)
             held.append(float(hard_negatives_held(h, batch["labels"], ids, mask)))
             if retrieved is not None:

@@ -44,23 +44,23 @@ def main() -> None:
 def skip_updates(which: str, num_features: int, num_labels: int) -> None:
     """Makes the step's row-sparse Adam a no-op for E ("input"), W ("output") or both.
 
-    The gradient rows still feed the step's outputs (through a zero-weighted sum into the update count), so
+    The gradient rows still feed the step's outputs (through a zero-weighted sum into one moment entry), so
     XLA keeps computing them; only the gathers of the moments, the Adam arithmetic and the scatters go.
     """
     import jax.numpy as jnp
 
-    from hwrepro import sparse_adam
+    from hwrepro.sparse import sparse_adam
 
-    update = sparse_adam.update
+    update_rows = sparse_adam.update_rows
     skipped = {"input": [num_features], "output": [num_labels], "both": [num_features, num_labels]}[which]
 
-    def maybe_update(table, state, row_ids, grad_rows, *args, **kwargs):
+    def maybe_update(table, mu, nu, count, row_ids, grad_rows, *args):
         if table.ndim == 2 and table.shape[0] in skipped:
-            keep_grads = (0.0 * jnp.sum(grad_rows.astype(jnp.float32))).astype(jnp.int32)
-            return table, state._replace(count=state.count + 1 + keep_grads)
-        return update(table, state, row_ids, grad_rows, *args, **kwargs)
+            keep_grads = 0.0 * jnp.sum(grad_rows.astype(jnp.float32))
+            return table, mu.at[0, 0].add(keep_grads.astype(mu.dtype)), nu
+        return update_rows(table, mu, nu, count, row_ids, grad_rows, *args)
 
-    sparse_adam.update = maybe_update
+    sparse_adam.update_rows = maybe_update
 
 
 def profile(args: argparse.Namespace) -> None:
@@ -68,13 +68,13 @@ def profile(args: argparse.Namespace) -> None:
     import numpy as np
 
     import slide_bench as bench
-    from hwrepro import slide
+    from hwrepro import sparse
 
     if args.skip_updates:
         skip_updates(args.skip_updates, bench.NUM_FEATURES, bench.NUM_LABELS)
-    state = slide.init_state(jax.random.PRNGKey(0), bench.NUM_FEATURES, bench.NUM_LABELS, bench.HIDDEN,
+    state = sparse.init_state(jax.random.PRNGKey(0), bench.NUM_FEATURES, bench.NUM_LABELS, bench.HIDDEN,
                              method="lsh", lsh_spec=bench.main_job_lsh())
-    step = slide.make_train_step("lsh", learning_rate=1e-4, num_candidates=bench.SHARED_M,
+    step = sparse.make_train_step("lsh", learning_rate=1e-4, num_candidates=bench.SHARED_M,
                                  bucket_capacity=bench.BUCKET_CAPACITY)
     batches = bench.synthetic_batches(np.random.default_rng(1), 4)
     key = jax.random.PRNGKey(2)

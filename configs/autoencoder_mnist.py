@@ -5,13 +5,16 @@
         --config.numerics.precision=bf16
 """
 
-from hwrepro.config_base import base_config
+from hwrepro.harness.config import base_config
 
 
 def get_config():
     c = base_config("autoencoder")
     c.name = "autoencoder_mnist"
-    c.model = dict(encoder_sizes=(32,))  # Keras tutorial autoencoder: 784 -> 32 -> 784 (the study gives no sizes)
+    c.data.dataset = "mnist"              # an "images" data set of hwrepro/data/
+    # A model of hwrepro/models/ (MODELS) and its fields. Keras tutorial autoencoder: 784 -> 32 -> 784 (the
+    # study gives no sizes).
+    c.model = dict(name="mlp_autoencoder", encoder_sizes=(32,))
     c.data.seed = 0                       # synthetic stand-in's seed, kept apart from the training seed
     c.train.batch_size = 256
     c.train.num_epochs = 10

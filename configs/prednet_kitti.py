@@ -9,13 +9,14 @@ test/ folders of frame images with one sub-folder per video. Without it: synthet
 same shape (128x160x3, clips of 10), said plainly in the log and in run.json.
 """
 
-from hwrepro.config_base import base_config
+from hwrepro.harness.config import base_config
 
 
 def get_config():
     c = base_config("prednet")
     c.name = "prednet_kitti"
     c.model = dict(
+        name="prednet",                   # a model of hwrepro/models/ (MODELS)
         stack_sizes=(3, 48, 96, 192),
         R_stack_sizes=(3, 48, 96, 192),
         A_filt_sizes=(3, 3, 3),

@@ -1,16 +1,17 @@
-"""A small PredNet on synthetic bouncing squares: trains on 2 CPU cores in about a minute and beats the
-copy-last-frame baseline clearly. Tests and the CPU-versus-GPU sweep use it.
+"""A small PredNet on synthetic bouncing squares, sized for 2 CPU cores. It beats the copy-last-frame baseline
+clearly; tests and the CPU-versus-GPU sweep use it.
 
     python launch.py --config=configs/prednet_small.py
 """
 
-from hwrepro.config_base import base_config
+from hwrepro.harness.config import base_config
 
 
 def get_config():
     c = base_config("prednet")
     c.name = "prednet_small"
     c.model = dict(
+        name="prednet",                   # a model of hwrepro/models/ (MODELS)
         stack_sizes=(1, 8, 16),
         R_stack_sizes=(1, 8, 16),
         A_filt_sizes=(3, 3),

@@ -12,7 +12,7 @@ Defaults from SLIDE's public code (SLIDE/Config_amz.csv, Config.h) unless a comm
 
 import ml_collections
 
-from hwrepro.config_base import base_config
+from hwrepro.harness.config import base_config
 
 
 def slide_config(dataset: str, method: str) -> ml_collections.ConfigDict:
@@ -49,11 +49,12 @@ def slide_config(dataset: str, method: str) -> ml_collections.ConfigDict:
     # uniform ones and SLIDE ended its epoch level with sampled softmax (P@1 0.1649 vs 0.1656); with SimHash
     # it is ahead (0.1708 and 0.1762 in two seeds vs 0.1656 and 0.1653). L = 50 finds harder negatives still
     # but doubles the rebuild time. Measured at Amazon-670K's shape ("Which hash" in docs/benchmarks.md).
-    c.lsh.kind = "simhash"            # dwta | simhash
+    c.lsh.kind = "simhash"            # a hash family of hwrepro/sparse/hashes/: simhash | dwta | yours
     c.lsh.num_hashes = 16             # K: simhash bits per table (2^16 buckets); dwta hashes of log2(bin_size) bits
     c.lsh.num_tables = 25             # L
-    c.lsh.bin_size = 8                # dwta only: SLIDE's bin size (6 hashes x 3 bits = RangePow 18)
-    c.lsh.density = 1.0               # simhash only: Gaussian hyperplanes (SLIDE's sparse "ratio 3" is ~1/3)
+    # Each family's own options, in a group named after it (the one of lsh.kind is used):
+    c.lsh.simhash = ml_collections.ConfigDict(dict(density=1.0))  # Gaussian planes; SLIDE's sparse "ratio 3" ~1/3
+    c.lsh.dwta = ml_collections.ConfigDict(dict(bin_size=8))      # SLIDE's bin size (6 hashes x 3 bits = RangePow 18)
     c.lsh.rebuild_period = 50         # SLIDE's Amazon config rehashes tables every 50 batches...
     c.lsh.rebuild_decay = 0.01        # ...with the period growing as training settles (exp(decay * i))
     c.lsh.redraw_period = 1000        # ...and draws new hash functions every 1,000 batches

@@ -1,4 +1,4 @@
-"""The GPU half of configs/sweep_autoencoder.py, sized for a short GPU lease (about 5 minutes on one H200).
+"""The GPU half of configs/sweep_autoencoder.py, sized for a short GPU lease.
 
     python launch.py --config=configs/sweep_autoencoder_gpu.py --workdir=runs/sweep_autoencoder_gpu
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from hwrepro.data import text8 as t8
-from hwrepro.data.errors import DataError
+from hwrepro.errors import DataError
 
 TEXT = "the cat sat on\nthe mat  the end\n"
 # Counts: the 3, every other word 1. Vocabulary order: decreasing count, ties alphabetical.

@@ -7,7 +7,7 @@ import pytest
 import scipy.sparse as sp
 
 from hwrepro.data import xc
-from hwrepro.data.errors import DataError
+from hwrepro.errors import DataError
 
 HAND = (
     "4 10 6\n"

@@ -1,4 +1,4 @@
-"""hwrepro.hessian against dense Hessians (jax.hessian) and numpy.linalg.eigh."""
+"""hwrepro.study.hessian against dense Hessians (jax.hessian) and numpy.linalg.eigh."""
 
 import functools
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from jax.flatten_util import ravel_pytree
 
-from hwrepro import hessian
+from hwrepro.study import hessian
 
 # Symmetric and indefinite (eigenvalues on both sides of 0), with a coupling between all blocks.
 A = np.array([

@@ -1,4 +1,4 @@
-"""hwrepro.lsh: hash families against known collision probabilities and a NumPy reference, bucket tables
+"""hwrepro.sparse.lsh: hash families against known collision probabilities and a NumPy reference, bucket tables
 against their definition, queries, and the rebuild schedule against hand-worked steps."""
 
 import math
@@ -8,12 +8,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hwrepro import lsh
+from hwrepro.sparse import lsh
+from hwrepro.sparse.hashes import dwta, simhash
 
 N, DIM = 500, 16  # neurons and their dimension in the table tests
 
 
-def simhash_bits(fn: lsh.SimHash, x: np.ndarray) -> np.ndarray:
+def simhash_bits(fn: simhash.SimHash, x: np.ndarray) -> np.ndarray:
     """bool [n, L * K]: every SimHash bit of every row of x."""
     num_bits = fn.planes.shape[2]
     c = np.asarray(lsh.codes(fn, x))
@@ -32,7 +33,7 @@ def pairs_at_angle(rng: np.random.Generator, num_pairs: int, dim: int, angle: fl
 
 @pytest.mark.parametrize("angle", [math.pi / 8, math.pi / 3, math.pi / 2, 3 * math.pi / 4])
 def test_simhash_bit_collision_rate_is_one_minus_angle_over_pi(angle):
-    fn = lsh.init_simhash(jax.random.key(1), 24, 16, 32)  # 512 Gaussian hyperplanes
+    fn = lsh.init_hash("simhash", jax.random.key(1), 24, 16, 32)  # 512 Gaussian hyperplanes
     x, y = pairs_at_angle(np.random.default_rng(2), 16, 24, angle)
     # Given the pairs' random orientations, the 16 x 512 bit collisions are independent Bernoulli(p).
     collisions = simhash_bits(fn, x) == simhash_bits(fn, y)
@@ -42,7 +43,7 @@ def test_simhash_bit_collision_rate_is_one_minus_angle_over_pi(angle):
 
 
 def test_sparse_simhash_has_fixed_pm1_support_and_is_a_sign_matmul():
-    fn = lsh.init_simhash(jax.random.key(3), 30, 5, 7, density=1 / 3)
+    fn = lsh.init_hash("simhash", jax.random.key(3), 30, 5, 7, density=1 / 3)
     planes = np.asarray(fn.planes)
     assert planes.shape == (30, 7, 5)
     assert set(np.unique(planes)) == {-1.0, 0.0, 1.0}
@@ -56,7 +57,7 @@ def test_sparse_simhash_has_fixed_pm1_support_and_is_a_sign_matmul():
     np.testing.assert_array_equal(lsh.codes(fn, x16), lsh.codes(fn, x16.astype(jnp.float32)))
 
 
-def dwta_reference(fn: lsh.DWTA, x: np.ndarray) -> np.ndarray:
+def dwta_reference(fn: dwta.DWTA, x: np.ndarray) -> np.ndarray:
     """int [n, L] by the definition: argmax over each bin's non-zero values (first on ties); an empty bin
     takes the value of the first non-empty bin in its probe order, or 0 if there is none."""
     bins, probes = np.asarray(fn.bins), np.asarray(fn.probes)
@@ -80,7 +81,7 @@ def sparse_signed_rows(rng: np.random.Generator, n: int, dim: int, zero_fraction
 
 @pytest.fixture(scope="module")
 def dwta32():
-    return lsh.init_dwta(jax.random.key(5), 32, 2, 12, bin_size=8)
+    return lsh.init_hash("dwta", jax.random.key(5), 32, 2, 12, bin_size=8)
 
 
 def test_dwta_matches_reference_including_densified_bins(dwta32):
@@ -97,7 +98,7 @@ def test_dwta_matches_reference_including_densified_bins(dwta32):
 
 
 def test_dwta_ties_go_to_the_first_slot():
-    fn = lsh.init_dwta(jax.random.key(7), 8, 1, 1, bin_size=8)  # one bin holding every dim
+    fn = lsh.init_hash("dwta", jax.random.key(7), 8, 1, 1, bin_size=8)  # one bin holding every dim
     order = np.asarray(fn.bins)[0, 0]
     x = np.zeros((2, 8), np.float32)
     x[0, order[[2, 5]]] = 3.0  # equal maxima at slots 2 and 5
@@ -119,7 +120,7 @@ def test_dwta_densification_leaves_no_empty_bin_artefact(dwta32):
 
 
 def test_dwta_identical_vectors_collide_and_collisions_fall_with_distance():
-    fn = lsh.init_dwta(jax.random.key(9), 32, 1, 256, bin_size=8)  # 256 single-hash tables
+    fn = lsh.init_hash("dwta", jax.random.key(9), 32, 1, 256, bin_size=8)  # 256 single-hash tables
     rng = np.random.default_rng(10)
     x = np.maximum(rng.standard_normal((64, 32)), 0).astype(np.float32)  # ReLU-like: half zeros
     base = np.asarray(lsh.codes(fn, x))
@@ -141,8 +142,8 @@ def integer_weights(seed: int) -> np.ndarray:
 
 
 HASH_FNS = {
-    "dwta": lsh.init_dwta(jax.random.key(11), DIM, 2, 6, bin_size=4),  # 16 buckets
-    "simhash": lsh.init_simhash(jax.random.key(12), DIM, 4, 5, density=0.5),  # 16 buckets
+    "dwta": lsh.init_hash("dwta", jax.random.key(11), DIM, 2, 6, bin_size=4),  # 16 buckets
+    "simhash": lsh.init_hash("simhash", jax.random.key(12), DIM, 4, 5, density=0.5),  # 16 buckets
 }
 
 
@@ -169,7 +170,7 @@ def test_starts_and_ids_are_the_buckets_of_the_codes(built):
 def test_every_neuron_is_found_in_its_own_bucket(built):
     fn, weights, tables = built
     largest = int(np.max(np.diff(np.asarray(tables.starts), axis=1)))
-    found = np.asarray(lsh.query(tables, fn, weights, largest))  # [N, L, largest]
+    found = np.asarray(lsh.query(fn, tables, weights, largest))  # [N, L, largest]
     assert np.all(np.any(found == np.arange(N)[:, None, None], axis=2))
     # With a smaller capacity a neuron is found exactly when it is among its bucket's first `capacity`.
     capacity = 3
@@ -179,7 +180,7 @@ def test_every_neuron_is_found_in_its_own_bucket(built):
     for table in range(ids.shape[0]):
         rank[ids[table], table] = np.arange(N) - starts[table, codes[ids[table], table]]
     some = weights[:37]  # another batch shape: same codes (DWTA is exact, and so is this SimHash here)
-    found = np.asarray(lsh.query(tables, fn, some, capacity))
+    found = np.asarray(lsh.query(fn, tables, some, capacity))
     np.testing.assert_array_equal(np.any(found == np.arange(37)[:, None, None], axis=2), rank[:37] < capacity)
 
 
@@ -188,7 +189,7 @@ def test_query_returns_bucket_prefix_padded_with_n(built):
     ids, starts = np.asarray(tables.ids), np.asarray(tables.starts)
     x = np.random.default_rng(15).standard_normal((9, DIM)).astype(np.float32)
     capacity = 40  # more than most buckets hold here (N / 16 ~ 31 on average)
-    found = np.asarray(lsh.query(tables, fn, x, capacity))
+    found = np.asarray(lsh.query(fn, tables, x, capacity))
     assert found.shape == (9, ids.shape[0], capacity) and found.dtype == np.int32
     codes = np.asarray(lsh.codes(fn, x))
     padded = 0
@@ -202,7 +203,7 @@ def test_query_returns_bucket_prefix_padded_with_n(built):
 
 
 def test_in_bucket_order_is_random_and_unbiased():
-    fn = lsh.init_simhash(jax.random.key(16), DIM, 1, 40)  # 2 buckets per table: ~250 neurons each
+    fn = lsh.init_hash("simhash", jax.random.key(16), DIM, 1, 40)  # 2 buckets per table: ~250 neurons each
     weights = integer_weights(17)
     first = lsh.build_tables(fn, weights, jax.random.key(18))
     second = lsh.build_tables(fn, weights, jax.random.key(19))
@@ -235,19 +236,19 @@ def test_everything_runs_under_jit_with_functions_and_tables_as_arguments():
     def draw_build_query(key, weights, x):
         traces.append(1)
         k_fn, k_tables = jax.random.split(key)
-        fn = lsh.init_dwta(k_fn, DIM, 2, 6, bin_size=4)
+        fn = lsh.init_hash("dwta", k_fn, DIM, 2, 6, bin_size=4)
         tables = lsh.build_tables(fn, weights, k_tables)
-        return fn, tables, lsh.query(tables, fn, x, 5)
+        return fn, tables, lsh.query(fn, tables, x, 5)
 
     weights = integer_weights(21)
     x = weights[:4] + 0.5
     key = jax.random.PRNGKey(22)  # raw uint32 keys work as well as typed ones
     fn, tables, found = draw_build_query(key, weights, x)
     k_fn, k_tables = jax.random.split(key)
-    eager_fn = lsh.init_dwta(k_fn, DIM, 2, 6, bin_size=4)
+    eager_fn = lsh.init_hash("dwta", k_fn, DIM, 2, 6, bin_size=4)
     np.testing.assert_array_equal(fn.bins, eager_fn.bins)
     np.testing.assert_array_equal(fn.probes, eager_fn.probes)
-    np.testing.assert_array_equal(found, lsh.query(lsh.build_tables(eager_fn, weights, k_tables), eager_fn, x, 5))
+    np.testing.assert_array_equal(found, lsh.query(eager_fn, lsh.build_tables(eager_fn, weights, k_tables), x, 5))
     draw_build_query(jax.random.PRNGKey(23), weights + 1, x)  # new arrays, same shapes: no retrace
     assert len(traces) == 1
 
@@ -258,9 +259,9 @@ def test_bad_inputs_raise_one_line_errors():
     with pytest.raises(ValueError, match="shape"):
         lsh.codes(HASH_FNS["dwta"], np.zeros(16, np.float32))
     with pytest.raises(ValueError, match="bin_size=32"):
-        lsh.init_dwta(jax.random.key(0), 16, 2, 3, bin_size=32)
+        lsh.init_hash("dwta", jax.random.key(0), 16, 2, 3, bin_size=32)
     with pytest.raises(ValueError, match="density"):
-        lsh.init_simhash(jax.random.key(0), 16, 2, 3, density=0.0)
+        lsh.init_hash("simhash", jax.random.key(0), 16, 2, 3, density=0.0)
     with pytest.raises(ValueError, match="bucket_capacity"):
         lsh.lookup(lsh.Tables(jnp.zeros((2, 3), jnp.int32), jnp.zeros((2, 5), jnp.int32)),
                    jnp.zeros((1, 2), jnp.int32), 0)

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from flax.traverse_util import flatten_dict
 
-from hwrepro.config_base import load_config_file
+from hwrepro.harness.config import load_config_file
 from hwrepro.experiments import prednet as experiment
 from hwrepro.models.convlstm import ConvLSTMCell, ConvLSTMState, hard_sigmoid
-from hwrepro.models.prednet import (PredNet, PredNetOutput, layer_loss_weights, param_count,
+from hwrepro.models.predictive_coding import (PredNet, PredNetOutput, layer_loss_weights, param_count,
                                     reference_param_count, time_loss_weights, weighted_error_loss)
 
 REPO = Path(__file__).resolve().parent.parent
@@ -320,7 +320,7 @@ def test_ssim_against_numpy_and_identity():
 
 def test_small_config_beats_copy_last_frame(tmp_path):
     """The experiment end to end (runner, record, PNG strip) on the small config, shortened."""
-    from hwrepro import runner
+    from hwrepro.harness import runner
 
     config = load_config("prednet_small")
     config.train.num_steps = 120

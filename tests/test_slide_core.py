@@ -7,13 +7,15 @@ import numpy as np
 import optax
 import pytest
 
-from hwrepro import slide, sparse_adam
-from hwrepro.models import slide as model
+from hwrepro import sparse
+from hwrepro.sparse import candidates
+from hwrepro.sparse import sparse_adam
+from hwrepro.models import sparse_layers as model
 
 NF, N, H = 50, 300, 16  # features, labels, hidden
 B, F, LMAX = 32, 4, 4  # batch, active features and labels per example
 M = 160  # shared candidates: more than the B * LMAX label slots, so every true label fits
-TINY_LSH = slide.LshSpec(kind="dwta", num_hashes=2, num_tables=8, bin_size=4)
+TINY_LSH = sparse.LshSpec(kind="dwta", num_hashes=2, num_tables=8, options=(("bin_size", 4),))
 
 
 def random_batch(rng: np.random.Generator, b: int = B) -> dict:
@@ -36,9 +38,9 @@ def learnable_batch(rng: np.random.Generator, b: int = B) -> dict:
     return {"feat_ids": feat_ids, "feat_vals": np.ones(feat_ids.shape, np.float32), "labels": labels}
 
 
-def scaled_params(key: jax.Array) -> slide.Params:
+def scaled_params(key: jax.Array) -> sparse.Params:
     """Parameters with O(1) logits so that comparisons are not dominated by tiny numbers."""
-    p = slide.init_params(key, NF, N, H)
+    p = sparse.init_params(key, NF, N, H)
     return jax.tree.map(lambda x: x * 50.0 + 0.1, p)
 
 
@@ -64,9 +66,16 @@ def assert_logits_match(actual, expected, h, params, ids):
 
 def test_candidate_logits_equal_dense_logits(params, batch):
     h = model.SparseInput(NF, H).apply({"params": params["input"]}, batch["feat_ids"], batch["feat_vals"])
-    out = model.SparseOutput(N, H)
+    out = model.SparseOutput(N)  # input width from h, as nn.Dense
+    assert jax.tree_util.tree_map(jnp.shape, out.init(jax.random.key(0), h)["params"]) == {
+        "weight": (N, H), "bias": (N,)}
     dense = out.apply({"params": params["output"]}, h)
     assert dense.shape == (B, N)
+    # Padding candidates (id N) score -inf, so a cross-entropy over them adds no phantom class.
+    padded = out.apply({"params": params["output"]}, h, jnp.array([3, N, N], jnp.int32))
+    assert np.all(np.isneginf(padded[:, 1:])) and np.all(np.isfinite(padded[:, 0]))
+    xent = optax.softmax_cross_entropy_with_integer_labels(padded, jnp.zeros(B, jnp.int32))
+    np.testing.assert_allclose(xent, 0.0, atol=1e-6)
     shared = jnp.array([5, 0, 299, 17, 123], jnp.int32)
     assert_logits_match(out.apply({"params": params["output"]}, h, shared), dense[:, shared], h, params, shared)
     per_example = jnp.asarray(np.random.default_rng(1).integers(0, N, (B, 7)), jnp.int32)
@@ -90,7 +99,7 @@ def test_sparse_gradient_equals_dense_gradient_when_candidates_cover_all(params,
     w, b = params["output"]["weight"], params["output"]["bias"]
     perm = jnp.asarray(np.random.default_rng(2).permutation(N), jnp.int32)  # all neurons, shuffled
     mask = jnp.ones(N, bool)
-    targets = slide.shared_targets(jnp.asarray(batch["labels"]), perm, N)
+    targets = candidates.shared_targets(jnp.asarray(batch["labels"]), perm, N)
     feat_rows, inv = jnp.unique(batch["feat_ids"].ravel(), size=B * F, fill_value=NF, return_inverse=True)
     inv = inv.reshape(B, F)
 
@@ -127,12 +136,13 @@ def test_row_adam_equals_optax_on_touched_rows_and_leaves_others_bit_identical()
     tx = optax.adam(1e-2)
     sub = table[real]
     sub_state = tx.init(sub)
-    state = sparse_adam.init(table)
-    update = jax.jit(sparse_adam.update, donate_argnums=(0, 1))
+    opt = sparse_adam.row_adam(1e-2)
+    state = opt.init(table)
+    update = jax.jit(opt.update, donate_argnums=(2, 3))
     original = np.asarray(table)
     for _ in range(4):
         g = jnp.asarray(rng.normal(size=(5, 5)), jnp.float32)
-        table, state = update(table, state, rows, g, 1e-2)
+        table, state = update(g, rows, state, table)
         u, sub_state = tx.update(g[:3], sub_state, sub)
         sub = optax.apply_updates(sub, u)
     np.testing.assert_allclose(np.asarray(table)[real], sub, rtol=1e-6, atol=1e-7)
@@ -147,8 +157,8 @@ def test_batch_shared_candidates_contain_labels_are_unique_and_fixed_size(batch)
     labels = jnp.asarray(batch["labels"])
     retrieved = rng.integers(0, N + 1, (B, 8, 3)).astype(np.int32)
     retrieved[0, :3, 0] = 250  # retrieved 3 times: must be kept
-    select = jax.jit(slide.batch_shared_candidates, static_argnums=(3, 4, 5, 6))
-    for sampler in slide.SAMPLERS:
+    select = jax.jit(sparse.batch_shared_candidates, static_argnums=(3, 4, 5, 6))
+    for sampler in sparse.SAMPLERS:
         ids, mask = select(labels, jnp.asarray(retrieved), jax.random.PRNGKey(1), M, N, 2, sampler)
         ids, mask = np.asarray(ids), np.asarray(mask)
         assert ids.shape == (M,) and mask.shape == (M,)
@@ -158,7 +168,7 @@ def test_batch_shared_candidates_contain_labels_are_unique_and_fixed_size(batch)
         assert set(batch["labels"][batch["labels"] < N].tolist()) <= set(real.tolist())
         assert 250 in real
         assert mask.sum() > 0.8 * M  # the random fill filled most of the rest
-    per_ids, per_mask = slide.per_example_candidates(labels, jnp.asarray(retrieved.reshape(B, -1)),
+    per_ids, per_mask = sparse.per_example_candidates(labels, jnp.asarray(retrieved.reshape(B, -1)),
                                                      jax.random.PRNGKey(2), 16, N)
     for row, m_row, lab in zip(np.asarray(per_ids), np.asarray(per_mask), batch["labels"]):
         assert len(np.unique(row[m_row])) == m_row.sum() and set(lab[lab < N].tolist()) <= set(row[m_row].tolist())
@@ -170,7 +180,7 @@ def test_per_example_candidates_rank_labels_then_retrieved_then_fill(num_labels)
     labels = rng.integers(0, 40, (6, 3)).astype(np.int32)
     labels[0, 1:] = num_labels  # padding
     retrieved = rng.integers(0, 40, (6, 10)).astype(np.int32)
-    ids, mask = slide.per_example_candidates(jnp.asarray(labels), jnp.asarray(retrieved), jax.random.PRNGKey(3),
+    ids, mask = sparse.per_example_candidates(jnp.asarray(labels), jnp.asarray(retrieved), jax.random.PRNGKey(3),
                                              12, num_labels)
     for row, m_row, lab, ret in zip(np.asarray(ids), np.asarray(mask), labels, retrieved):
         real = row[m_row]
@@ -187,12 +197,12 @@ def test_random_fill_that_fits_is_spread_over_all_ids():
     rng = np.random.default_rng(6)
     labels = jnp.full((4, 2), n, jnp.int32)
     retrieved = jnp.asarray(np.repeat(np.arange(600), 2), jnp.int32)  # 600 ids twice: kept, 400 slots left
-    ids, mask = slide.batch_shared_candidates(labels, retrieved, jax.random.PRNGKey(7), 1000, n)
+    ids, mask = sparse.batch_shared_candidates(labels, retrieved, jax.random.PRNGKey(7), 1000, n)
     fill = np.asarray(ids)[np.asarray(mask) & (np.asarray(ids) >= 600)]
     assert len(fill) > 350 and 3500 < np.median(fill) < 6500 and fill.max() > 9000
     # Per example: 20 retrieved ids, 30 slots left for 50 draws, in each of 64 rows.
     retrieved = jnp.asarray(rng.integers(0, 20, (64, 20)), jnp.int32)
-    ids, mask = slide.per_example_candidates(jnp.full((64, 2), n, jnp.int32), retrieved, jax.random.PRNGKey(8),
+    ids, mask = sparse.per_example_candidates(jnp.full((64, 2), n, jnp.int32), retrieved, jax.random.PRNGKey(8),
                                              50, n)
     fill = np.asarray(ids)[np.asarray(mask) & (np.asarray(ids) >= 20)]
     assert len(fill) > 64 * 25 and 0.4 < np.mean(fill > n // 2) < 0.6
@@ -204,12 +214,12 @@ def test_retrieved_ids_tied_at_the_cut_are_a_random_subset():
     n = 10_000
     twice = np.arange(0, n, 2)[:3000]
     retrieved = jnp.asarray(np.concatenate([twice, twice, np.arange(1, 4001, 2)]), jnp.int32)
-    ids, mask = slide.batch_shared_candidates(jnp.full((4, 2), n, jnp.int32), retrieved, jax.random.PRNGKey(9),
+    ids, mask = sparse.batch_shared_candidates(jnp.full((4, 2), n, jnp.int32), retrieved, jax.random.PRNGKey(9),
                                               1000, n, min_count=1)
     kept = np.asarray(ids)[np.asarray(mask)]
     assert len(kept) == 1000 and np.all(kept % 2 == 0)
     assert 2000 < np.median(kept) < 4000 and kept.max() > 5600
-    again, _ = slide.batch_shared_candidates(jnp.full((4, 2), n, jnp.int32), retrieved, jax.random.PRNGKey(10),
+    again, _ = sparse.batch_shared_candidates(jnp.full((4, 2), n, jnp.int32), retrieved, jax.random.PRNGKey(10),
                                              1000, n, min_count=1)
     assert 100 < len(np.setdiff1d(kept, np.asarray(again))) < 900
 
@@ -221,9 +231,9 @@ def full_array_selection(labels, retrieved, key, num_candidates, num_labels, min
     k_fill, k_order = jax.random.split(key)
     score = jnp.zeros(num_labels + 1).at[retrieved.ravel()].add(1.0)
     score = jnp.where(score >= min_count, score, 0.0).at[labels.ravel()].set(jnp.inf)
-    score = score + jnp.where(score > 0, 0.5 * slide.uniform_by_id(jax.random.fold_in(key, 1),
+    score = score + jnp.where(score > 0, 0.5 * candidates.uniform_by_id(jax.random.fold_in(key, 1),
                                                                    jnp.arange(num_labels + 1)), 0.0)
-    fill = slide.sample_labels(k_fill, (num_candidates,), num_labels, sampler)
+    fill = sparse.sample_labels(k_fill, (num_candidates,), num_labels, sampler)
     score = score.at[fill].max(jax.random.uniform(k_order, (num_candidates,), minval=0.25, maxval=0.75))
     priority, ids = jax.lax.top_k(score[:num_labels], num_candidates)
     return np.sort(np.where(np.asarray(priority) > 0, np.asarray(ids), num_labels))
@@ -240,10 +250,10 @@ def test_batch_shared_candidates_equal_a_top_k_over_every_label(min_count, retri
     retrieved = np.full((8, 5, 100), n, np.int32)
     retrieved.reshape(-1)[:retrieved_ids] = rng.integers(0, n, retrieved_ids)
     labels, retrieved = jnp.asarray(labels), jnp.asarray(retrieved)
-    for sampler in slide.SAMPLERS:
+    for sampler in sparse.SAMPLERS:
         for seed in range(3):
             key = jax.random.PRNGKey(seed)
-            ids, mask = slide.batch_shared_candidates(labels, retrieved, key, m, n, min_count, sampler)
+            ids, mask = sparse.batch_shared_candidates(labels, retrieved, key, m, n, min_count, sampler)
             expected = full_array_selection(labels, retrieved, key, m, n, min_count, sampler)
             np.testing.assert_array_equal(np.asarray(ids), expected)
             np.testing.assert_array_equal(np.asarray(mask), expected < n)
@@ -252,28 +262,28 @@ def test_topk_chunked_equals_dense_and_precision_at_k(params, batch):
     h = model.sparse_hidden(params["input"]["embedding"], params["input"]["bias"], batch["feat_ids"],
                             batch["feat_vals"])
     dense = np.asarray(model.output_logits(params["output"]["weight"], params["output"]["bias"], h))
-    ids = np.asarray(slide.topk(params, batch, 5, chunk=70))  # 300 = 4 * 70 + 20: last chunk overlaps
+    ids = np.asarray(sparse.topk(params, batch, 5, chunk=70))  # 300 = 4 * 70 + 20: last chunk overlaps
     np.testing.assert_array_equal(ids, np.argsort(-dense, axis=1)[:, :5])
-    np.testing.assert_array_equal(ids, np.asarray(slide.topk(params, batch, 5)))
+    np.testing.assert_array_equal(ids, np.asarray(sparse.topk(params, batch, 5)))
     pred = jnp.array([[1, 2, 3, 4, 5], [9, 8, 7, 6, -1]], jnp.int32)
     labels = jnp.array([[2, 5, 300], [300, 300, 300]], jnp.int32)
-    p = slide.precision_at_k(pred, labels)
+    p = sparse.precision_at_k(pred, labels)
     assert float(p["P@1"]) == 0.0 and float(p["P@3"]) == pytest.approx(1 / 6) and float(p["P@5"]) == pytest.approx(0.2)
-    assert float(slide.precision_at_k(pred, labels, num_labels=N)["P@5"]) == pytest.approx(0.4)
+    assert float(sparse.precision_at_k(pred, labels, num_labels=N)["P@5"]) == pytest.approx(0.4)
 
 
 STEPS = {
-    "dense": slide.make_train_step("dense", learning_rate=1e-2),
-    "sampled": slide.make_train_step("sampled", learning_rate=1e-2, num_candidates=M, sampler="log_uniform"),
-    "lsh": slide.make_train_step("lsh", learning_rate=1e-2, num_candidates=M, bucket_capacity=8),
-    "lsh_per_example": slide.make_train_step("lsh", learning_rate=3e-2, num_candidates=64,
+    "dense": sparse.make_train_step("dense", learning_rate=1e-2),
+    "sampled": sparse.make_train_step("sampled", learning_rate=1e-2, num_candidates=M, sampler="log_uniform"),
+    "lsh": sparse.make_train_step("lsh", learning_rate=1e-2, num_candidates=M, bucket_capacity=8),
+    "lsh_per_example": sparse.make_train_step("lsh", learning_rate=3e-2, num_candidates=64,
                                              candidate_mode="per_example", bucket_capacity=4),
 }
 
 
 def test_embedding_and_output_rows_outside_the_batch_are_bit_identical(batch):
     for name in ("sampled", "lsh"):
-        state = slide.init_state(jax.random.PRNGKey(5), NF, N, H, method=name, lsh_spec=TINY_LSH)
+        state = sparse.init_state(jax.random.PRNGKey(5), NF, N, H, method=name, lsh_spec=TINY_LSH)
         e0 = np.asarray(state.params["input"]["embedding"])
         w0 = np.asarray(state.params["output"]["weight"])
         state, _ = STEPS[name](state, batch, jax.random.PRNGKey(6))
@@ -290,7 +300,7 @@ def test_embedding_and_output_rows_outside_the_batch_are_bit_identical(batch):
 @pytest.mark.parametrize("name", list(STEPS))
 def test_every_method_learns_a_tiny_problem(name):
     method = "lsh" if name.startswith("lsh") else name
-    state = slide.init_state(jax.random.PRNGKey(8), NF, N, H, method=method, lsh_spec=TINY_LSH)
+    state = sparse.init_state(jax.random.PRNGKey(8), NF, N, H, method=method, lsh_spec=TINY_LSH)
     rng = np.random.default_rng(9)
     key = jax.random.PRNGKey(10)
     losses = []
@@ -299,20 +309,20 @@ def test_every_method_learns_a_tiny_problem(name):
         state, metrics = STEPS[name](state, learnable_batch(rng), k_step)
         losses.append(float(metrics["loss"]))
         if method == "lsh" and i % 25 == 24:
-            state = slide.redraw(state, k_tables) if i % 50 == 49 else slide.rebuild(state, k_tables)
+            state = sparse.redraw(state, k_tables) if i % 50 == 49 else sparse.rebuild(state, k_tables)
     assert int(state.step) == 150
     floor = np.log(F)  # every example has F equally weighted labels: the loss cannot go below their entropy
     assert np.mean(losses[-10:]) - floor < 0.5 * (np.mean(losses[:10]) - floor)
     test = learnable_batch(np.random.default_rng(11), 256)
-    p = slide.precision_at_k(slide.topk(state.params, test, 5), test["labels"])
+    p = sparse.precision_at_k(sparse.topk(state.params, test, 5), test["labels"])
     assert float(p["P@1"]) > 0.5  # chance is F / N = 1.3%
     if method == "lsh":
-        ids = np.asarray(slide.topk_lsh(state.params, state.hash_fn, state.tables, test, 5, bucket_capacity=32))
+        ids = np.asarray(sparse.topk_lsh(state.params, state.hash_fn, state.tables, test, 5, bucket_capacity=32))
         assert ids.shape == (256, 5) and np.all((ids >= -1) & (ids < N))
 
 
 def test_blocked_top_k_equals_top_k():
-    from hwrepro.slide import blocked_top_k
+    from hwrepro.sparse import blocked_top_k
 
     x = jax.random.normal(jax.random.key(3), (6, 1024))
     x = x.at[0, :256].set(5.0 + jnp.arange(256) * 1e-3)   # the best values crowded into a few blocks
@@ -330,7 +340,7 @@ def test_unique_rows_equals_jnp_unique(shape, num_rows, size):
     rng = np.random.default_rng(7)
     ids = rng.integers(0, min(num_rows, 50) + 1, shape).astype(np.int32)
     ids[0, :3] = num_rows  # padding
-    rows, inverse = jax.jit(slide.unique_rows, static_argnums=(1, 2))(jnp.asarray(ids), num_rows, size)
+    rows, inverse = jax.jit(sparse.unique_rows, static_argnums=(1, 2))(jnp.asarray(ids), num_rows, size)
     ref_rows, ref_inverse = jnp.unique(ids.ravel(), size=size or ids.size, fill_value=num_rows,
                                        return_inverse=True)
     np.testing.assert_array_equal(rows, ref_rows)
@@ -343,16 +353,17 @@ def test_bf16_tables_are_stored_as_bits_and_updated_like_bf16_rows(batch):
     rng = np.random.default_rng(12)
     table = jnp.asarray(rng.normal(size=(12, 5)), jnp.bfloat16)
     rows, g = jnp.array([3, 9, 12], jnp.int32), jnp.asarray(rng.normal(size=(3, 5)), jnp.float32)
-    direct, _ = sparse_adam.update(table, sparse_adam.init(table), rows, g, 1e-2)
-    stored, _ = sparse_adam.update(sparse_adam.to_storage(table), sparse_adam.init(table), rows, g, 1e-2)
+    opt = sparse_adam.row_adam(1e-2)
+    direct, _ = opt.update(g, rows, opt.init(table), table)
+    stored, _ = opt.update(g, rows, opt.init(table), sparse_adam.to_storage(table))
     assert stored.dtype == jnp.uint16
     np.testing.assert_array_equal(sparse_adam.from_storage(stored), direct)
     # A bf16 training state keeps E and W as bits, trains, and gives the modules bfloat16 parameters.
-    state = slide.init_state(jax.random.PRNGKey(5), NF, N, H, method="lsh", lsh_spec=TINY_LSH,
+    state = sparse.init_state(jax.random.PRNGKey(5), NF, N, H, method="lsh", lsh_spec=TINY_LSH,
                              param_dtype=jnp.bfloat16)
     assert state.params["output"]["weight"].dtype == jnp.uint16
     state, metrics = STEPS["lsh"](state, batch, jax.random.PRNGKey(6))
-    params = slide.model_params(state.params)
+    params = sparse.model_params(state.params)
     assert params["output"]["weight"].dtype == params["input"]["embedding"].dtype == jnp.bfloat16
     assert np.isfinite(float(metrics["loss"]))
-    np.testing.assert_array_equal(slide.topk(state.params, batch, 5), slide.topk(params, batch, 5))
+    np.testing.assert_array_equal(sparse.topk(state.params, batch, 5), sparse.topk(params, batch, 5))

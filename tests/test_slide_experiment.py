@@ -6,7 +6,7 @@ import re
 import numpy as np
 import pytest
 
-from hwrepro import runner
+from hwrepro.harness import runner
 from hwrepro.data import xc
 
 
@@ -107,7 +107,8 @@ def test_text8_word2vec_runs_on_a_small_synthetic_corpus(tmp_path):
 
 @pytest.mark.parametrize("override, message", [
     ("--config.model.method=fast", "model.method='fast' is not one of"),
-    ("--config.data.dataset=amazon", "data.dataset='amazon' is not one of"),
+    ("--config.data.dataset=amazon", "data.dataset='amazon' is not a known data set (did you mean 'amazon670k'?)"),
+    ("--config.lsh.kind=simhsh", "lsh.kind='simhsh' is not a known hash family (did you mean 'simhash'?)"),
     ("--config.model.num_candidates=0", "model.num_candidates=0 must be positive"),
     ("--config.model.min_count=0", "model.min_count=0 must be positive"),
 ])
@@ -117,12 +118,13 @@ def test_bad_slide_values_are_one_line(run_launch, tmp_path, override, message):
 
 
 def test_p_at_1_plot_over_time_and_epochs(lsh_run, tmp_path):
-    from hwrepro import plots
+    from hwrepro.study import report
+    from hwrepro.study.report import figures
 
     workdir, _ = lsh_run
-    out = plots.time_to_accuracy([workdir], tmp_path / "p1.png")
+    out = figures.time_to_accuracy([workdir], tmp_path / "p1.png")
     assert out.stat().st_size > 10_000  # two panels with a curve each (an empty figure is ~5 KB)
-    assert plots.main([str(tmp_path / "p.png"), str(tmp_path / "nothing")]) == 2
+    assert report.main(["--time-to-accuracy", str(tmp_path / "p.png"), str(tmp_path / "nothing")]) == 2
 
 
 def test_more_candidates_than_labels_is_a_config_error(tmp_path):
@@ -135,10 +137,10 @@ def test_more_candidates_than_labels_is_a_config_error(tmp_path):
 
 
 def test_plot_labels_tell_runs_of_one_config_apart(tmp_path):
-    from hwrepro import plots
+    from hwrepro.study.report import figures
 
     for folder, name in (("dwta", "lsh_amazon670k"), ("simhash", "lsh_amazon670k"), ("s", "sampled_amazon670k")):
         (tmp_path / folder).mkdir()
         (tmp_path / folder / "run.json").write_text(json.dumps({"name": name}))
-    labels = plots.run_labels([tmp_path / f for f in ("dwta", "simhash", "s")])
+    labels = figures.run_labels([tmp_path / f for f in ("dwta", "simhash", "s")])
     assert labels == ["lsh_amazon670k (dwta)", "lsh_amazon670k (simhash)", "sampled_amazon670k"]

@@ -8,12 +8,13 @@ import sys
 import numpy as np
 import pytest
 
-from hwrepro import numerics, records, runner
-from hwrepro.config_base import numerics_config
+from hwrepro.harness import numerics
+from hwrepro.harness import records
+from hwrepro.harness import runner
+from hwrepro.harness.config import numerics_config
 from hwrepro.data import mnist
-from hwrepro.data.errors import DataError
-from hwrepro.errors import ConfigError
-from hwrepro.records import Run, WorkdirTaken
+from hwrepro.errors import ConfigError, DataError
+from hwrepro.harness.records import Run, WorkdirTaken
 
 AE = "--config=configs/autoencoder_mnist.py"
 TINY = ("--config.train.num_steps=30", "--config.train.log_every=10")

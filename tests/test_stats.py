@@ -1,4 +1,4 @@
-"""hwrepro.stats against hand-worked values and scipy's reference implementation."""
+"""hwrepro.study.stats against hand-worked values and scipy's reference implementation."""
 
 import math
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
-from hwrepro import stats
+from hwrepro.study import stats
 
 A = [1.0, 2.0, 3.0, 4.0]
 B = [2.0, 4.0, 6.0, 8.0, 10.0]

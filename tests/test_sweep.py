@@ -14,7 +14,12 @@ import numpy as np
 import pytest
 
 from conftest import launch  # python launch.py ARGS, as a user runs it
-from hwrepro import numerics, records, report, runner, sweep, sweep_grid
+from hwrepro.harness import numerics
+from hwrepro.harness import records
+from hwrepro.study import report
+from hwrepro.harness import runner
+from hwrepro.study import sweep
+from hwrepro.study import grid
 from hwrepro.errors import ConfigError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -62,7 +67,7 @@ def _sweep_config(name):
 @pytest.mark.parametrize("name", ["sweep_autoencoder", "sweep_prednet"])
 def test_study_sweeps_expand_to_cpu_grid_and_gpu_points(name):
     config = _sweep_config(name)
-    points = sweep_grid.expand(config)
+    points = grid.expand(config)
     names = [p.name for p in points]
     assert len(names) == len(set(names)) == (8 + 8) * 3  # CPU and GPU set-ups, 3 seeds each
     point = next(p for p in points if p.name.startswith("precision=bf16,isa=AVX2,threads=1,seed=0"))
@@ -82,7 +87,7 @@ def test_study_sweeps_expand_to_cpu_grid_and_gpu_points(name):
 
 
 def test_configuration_name_of_a_cut_name_uses_whole_fields():
-    point = sweep_grid.Point("x" * 188 + "-0123456789ab", {"model.width": 3, "seed": 1})
+    point = grid.Point("x" * 188 + "-0123456789ab", {"model.width": 3, "seed": 1})
     assert sweep.configuration_name(point) == "model.width=3"
 
 
@@ -176,7 +181,7 @@ def test_a_sweep_with_another_base_config_is_refused(tiny):
 
 def test_tiny_sweep_report_renders_with_plots(tiny):
     workdir = tiny["workdir"]
-    p = subprocess.run([sys.executable, "-m", "hwrepro.report", str(workdir)], capture_output=True, text=True,
+    p = subprocess.run([sys.executable, "-m", "hwrepro.study.report", str(workdir)], capture_output=True, text=True,
                        cwd=REPO, env=_env(), timeout=120)
     assert p.returncode == 0, p.stderr
     text = (workdir / "report.md").read_text()
@@ -351,5 +356,5 @@ def test_a_failing_report_loses_no_results(tmp_path, capsys, monkeypatch):
     assert sweep.run_sweep(config, tmp_path) == runner.EXIT_DONE
     captured = capsys.readouterr()
     assert "report failed (RuntimeError: plotting broke)" in captured.err
-    assert "python -m hwrepro.report" in captured.err and "0 done, 0 failed, 1 skipped" in captured.out
+    assert "python -m hwrepro.study.report" in captured.err and "0 done, 0 failed, 1 skipped" in captured.out
     assert _status(tmp_path / "platform=gpu").startswith("skipped: ")

@@ -1,4 +1,4 @@
-"""hwrepro.sweep_grid: grid order, point names, explicit points, validation, apply and sharding."""
+"""hwrepro.study.grid: grid order, point names, explicit points, validation, apply and sharding."""
 
 import re
 from pathlib import Path
@@ -6,8 +6,10 @@ from pathlib import Path
 import ml_collections
 import pytest
 
-from hwrepro import runner, sweep, sweep_grid
-from hwrepro.config_base import base_config, load_config_file
+from hwrepro.harness import runner
+from hwrepro.study import sweep
+from hwrepro.study import grid
+from hwrepro.harness.config import base_config, load_config_file
 from hwrepro.errors import ConfigError
 
 SAFE_NAME = re.compile(r"[A-Za-z0-9._+=,-]+")
@@ -22,7 +24,7 @@ def sweep_config(**sweep) -> ml_collections.ConfigDict:
 
 
 def test_no_sweep_is_one_base_point():
-    assert sweep_grid.expand(base_config("test")) == [sweep_grid.Point("base", {})]
+    assert grid.expand(base_config("test")) == [grid.Point("base", {})]
 
 
 def test_grid_is_cartesian_product_first_axis_slowest_in_given_order():
@@ -31,29 +33,29 @@ def test_grid_is_cartesian_product_first_axis_slowest_in_given_order():
               "seed": [0, 1]},
         order=("numerics.precision", "numerics.cpu_max_isa", "numerics.threads", "seed"),
         aliases={"numerics": {"cpu_max_isa": "isa"}})
-    names = [p.name for p in sweep_grid.expand(config)]
+    names = [p.name for p in grid.expand(config)]
     assert names == [
         "precision=fp32,isa=AVX2,threads=1,seed=0", "precision=fp32,isa=AVX2,threads=1,seed=1",
         "precision=fp32,isa=AVX512,threads=1,seed=0", "precision=fp32,isa=AVX512,threads=1,seed=1",
         "precision=bf16,isa=AVX2,threads=1,seed=0", "precision=bf16,isa=AVX2,threads=1,seed=1",
         "precision=bf16,isa=AVX512,threads=1,seed=0", "precision=bf16,isa=AVX512,threads=1,seed=1",
     ]
-    assert sweep_grid.expand(config)[5].overrides == {
+    assert grid.expand(config)[5].overrides == {
         "numerics.precision": "bf16", "numerics.cpu_max_isa": "AVX2", "numerics.threads": 1, "seed": 1}
 
 
 def test_without_order_axes_follow_the_configdict_alphabetical_order_and_are_stable():
     config = sweep_config(axes={"seed": [0, 1], "numerics": {"precision": ["fp32", "bf16"]}})
-    names = [p.name for p in sweep_grid.expand(config)]
+    names = [p.name for p in grid.expand(config)]
     assert names == ["precision=fp32,seed=0", "precision=fp32,seed=1", "precision=bf16,seed=0",
                      "precision=bf16,seed=1"]
-    assert names == [p.name for p in sweep_grid.expand(config)]
+    assert names == [p.name for p in grid.expand(config)]
 
 
 def test_partial_order_puts_named_axes_first():
     config = sweep_config(axes={"seed": [0], "numerics": {"precision": ["fp32"], "threads": [1]}},
                           order=("seed",))
-    assert sweep_grid.expand(config)[0].name == "seed=0,precision=fp32,threads=1"
+    assert grid.expand(config)[0].name == "seed=0,precision=fp32,threads=1"
 
 
 def test_aliases_argument_overrides_config_and_clashing_last_components_use_the_whole_field():
@@ -61,23 +63,23 @@ def test_aliases_argument_overrides_config_and_clashing_last_components_use_the_
     config.model = ml_collections.ConfigDict({"size": 8})
     config.data.size = 100
     config.sweep = {"axes": {"model": {"size": [8]}, "data": {"size": [100]}, "train": {"learning_rate": [0.01]}}}
-    assert sweep_grid.expand(config)[0].name == "data.size=100,model.size=8,learning_rate=0.01"
-    renamed = sweep_grid.expand(config, aliases={"model.size": "width", "train.learning_rate": "lr"})
+    assert grid.expand(config)[0].name == "data.size=100,model.size=8,learning_rate=0.01"
+    renamed = grid.expand(config, aliases={"model.size": "width", "train.learning_rate": "lr"})
     assert renamed[0].name == "data.size=100,width=8,lr=0.01"
 
 
 def test_clashing_explicit_aliases_and_unsafe_aliases_are_errors():
     config = sweep_config(axes={"seed": [0], "train": {"batch_size": [8]}})
     with pytest.raises(ConfigError, match="not unique"):
-        sweep_grid.expand(config, aliases={"train.batch_size": "seed"})
+        grid.expand(config, aliases={"train.batch_size": "seed"})
     with pytest.raises(ConfigError, match="alias 'batch size'"):
-        sweep_grid.expand(config, aliases={"train.batch_size": "batch size"})
+        grid.expand(config, aliases={"train.batch_size": "batch size"})
 
 
 def test_value_formatting_and_int_to_float_widening():
     config = sweep_config(axes={"train": {"learning_rate": [1e-3, 1e-5, 1]},
                                 "numerics": {"fast_math": [True, False]}})
-    points = sweep_grid.expand(config)
+    points = grid.expand(config)
     assert [p.name for p in points] == [  # numerics.fast_math sorts before train.learning_rate
         "fast_math=true,learning_rate=0.001", "fast_math=true,learning_rate=1e-05",
         "fast_math=true,learning_rate=1.0", "fast_math=false,learning_rate=0.001",
@@ -89,20 +91,20 @@ def test_value_formatting_and_int_to_float_widening():
 def test_names_are_filesystem_safe_unique_and_bounded():
     config = sweep_config(axes={"data": {"dir": ["/data/amazon 670k", "C:\\x", "a,b=c", "x" * 300]},
                                 "seed": [0, 1]})
-    points = sweep_grid.expand(config)
+    points = grid.expand(config)
     names = [p.name for p in points]
     assert len(set(names)) == len(names) == 8
-    assert all(SAFE_NAME.fullmatch(n) and len(n) <= sweep_grid.MAX_NAME_LENGTH for n in names)
+    assert all(SAFE_NAME.fullmatch(n) and len(n) <= grid.MAX_NAME_LENGTH for n in names)
     assert names[0] == "dir=_data_amazon_670k,seed=0"
-    long_names = [n for n in names if len(n) == sweep_grid.MAX_NAME_LENGTH]
+    long_names = [n for n in names if len(n) == grid.MAX_NAME_LENGTH]
     assert len(long_names) == 2 and long_names[0] != long_names[1]  # cut names keep a hash of the whole
-    assert names == [p.name for p in sweep_grid.expand(config)]
+    assert names == [p.name for p in grid.expand(config)]
 
 
 def test_values_that_sanitise_to_the_same_name_are_an_error():
     config = sweep_config(axes={"data": {"dir": ["a/b", "a_b"]}})
     with pytest.raises(ConfigError, match="both named 'dir=a_b'"):
-        sweep_grid.expand(config)
+        grid.expand(config)
 
 
 def test_explicit_points_keep_their_order_and_dotted_keys():
@@ -111,7 +113,7 @@ def test_explicit_points_keep_their_order_and_dotted_keys():
         {"numerics.precision": "fp32", "numerics.param_dtype": "fp32"},
         {"seed": 3},
     ])
-    points = sweep_grid.expand(config)
+    points = grid.expand(config)
     assert [p.name for p in points] == ["precision=bf16,param_dtype=bf16", "precision=fp32,param_dtype=fp32",
                                         "seed=3"]
     assert points[2].overrides == {"seed": 3}
@@ -120,14 +122,14 @@ def test_explicit_points_keep_their_order_and_dotted_keys():
 def test_explicit_points_times_axes():
     config = sweep_config(points=[{"numerics.precision": "bf16"}, {"numerics.precision": "fp32"}],
                           axes={"seed": [0, 1]})
-    assert [p.name for p in sweep_grid.expand(config)] == [
+    assert [p.name for p in grid.expand(config)] == [
         "precision=bf16,seed=0", "precision=bf16,seed=1", "precision=fp32,seed=0", "precision=fp32,seed=1"]
 
 
 def test_field_in_both_points_and_axes_is_an_error():
     config = sweep_config(points=[{"seed": 1}], axes={"seed": [0, 1]})
     with pytest.raises(ConfigError, match="seed are set both"):
-        sweep_grid.expand(config)
+        grid.expand(config)
 
 
 @pytest.mark.parametrize("axes, match", [
@@ -139,12 +141,12 @@ def test_field_in_both_points_and_axes_is_an_error():
 ])
 def test_bad_axes_name_the_field(axes, match):
     with pytest.raises(ConfigError, match=match):
-        sweep_grid.expand(sweep_config(axes=axes))
+        grid.expand(sweep_config(axes=axes))
 
 
 def test_a_field_below_a_leaf_is_unknown():
     with pytest.raises(ConfigError, match="unknown config field 'seed.x'"):
-        sweep_grid.expand(sweep_config(points=[{"seed.x": 1}]))
+        grid.expand(sweep_config(points=[{"seed.x": 1}]))
 
 
 @pytest.mark.parametrize("field, value", [
@@ -153,22 +155,22 @@ def test_a_field_below_a_leaf_is_unknown():
 ])
 def test_type_mismatch_is_a_value_error_naming_the_field(field, value):
     with pytest.raises(ValueError, match=f"config field '{re.escape(field)}' is"):
-        sweep_grid.expand(sweep_config(points=[{field: value}]))
+        grid.expand(sweep_config(points=[{field: value}]))
     with pytest.raises(ValueError, match=f"config field '{re.escape(field)}' is"):
-        sweep_grid.apply(base_config("test"), {field: value})
+        grid.apply(base_config("test"), {field: value})
 
 
 def test_unknown_sweep_field_and_bad_order_are_errors():
     with pytest.raises(ConfigError, match="unknown sweep field"):
-        sweep_grid.expand(sweep_config(axis={"seed": [0]}))
+        grid.expand(sweep_config(axis={"seed": [0]}))
     with pytest.raises(ConfigError, match="sweep.order"):
-        sweep_grid.expand(sweep_config(axes={"seed": [0]}, order=("numerics.precision",)))
+        grid.expand(sweep_config(axes={"seed": [0]}, order=("numerics.precision",)))
 
 
 def test_apply_sets_overrides_on_an_unlocked_copy_without_sweep():
     config = sweep_config(axes={"seed": [0, 1]})
-    point = sweep_grid.expand(config)[1]
-    out = sweep_grid.apply(config, {**point.overrides, "train.learning_rate": 2, "numerics.precision": "bf16"})
+    point = grid.expand(config)[1]
+    out = grid.apply(config, {**point.overrides, "train.learning_rate": 2, "numerics.precision": "bf16"})
     assert out.seed == 1 and out.train.learning_rate == 2.0 and isinstance(out.train.learning_rate, float)
     assert out.numerics.precision == "bf16"
     assert "sweep" not in out and not out.is_locked
@@ -178,31 +180,31 @@ def test_apply_sets_overrides_on_an_unlocked_copy_without_sweep():
 def test_apply_keeps_field_references():
     config = base_config("test")
     config.train.eval_batch_size = config.train.get_ref("batch_size")
-    out = sweep_grid.apply(config, {"train.batch_size": 32})
+    out = grid.apply(config, {"train.batch_size": 32})
     assert out.train.eval_batch_size == 32 and config.train.eval_batch_size == 128
 
 
 def test_apply_list_and_tuple_and_untyped_fields():
     config = base_config("test")
     config.model = ml_collections.ConfigDict({"hidden": (128,), "extra": None})
-    out = sweep_grid.apply(config, {"model.hidden": [256, 64], "model.extra": "anything"})
+    out = grid.apply(config, {"model.hidden": [256, 64], "model.extra": "anything"})
     assert out.model.hidden == (256, 64) and out.model.extra == "anything"
 
 
 def test_shards_are_disjoint_round_robin_and_cover_every_point_once():
-    points = sweep_grid.expand(sweep_config(axes={"seed": list(range(7))}))
+    points = grid.expand(sweep_config(axes={"seed": list(range(7))}))
     for n in range(1, 9):
-        shards = [sweep_grid.shard(points, f"{i}/{n}") for i in range(n)]
+        shards = [grid.shard(points, f"{i}/{n}") for i in range(n)]
         flat = [p for s in shards for p in s]
         assert sorted(p.name for p in flat) == sorted(p.name for p in points) and len(flat) == 7
-    assert [p.overrides["seed"] for p in sweep_grid.shard(points, "1/3")] == [1, 4]
-    assert sweep_grid.shard(points, " 0 / 1 ") == points
+    assert [p.overrides["seed"] for p in grid.shard(points, "1/3")] == [1, 4]
+    assert grid.shard(points, " 0 / 1 ") == points
 
 
 @pytest.mark.parametrize("spec", ["3/3", "-1/2", "1/0", "a/b", "1", "1/2/3", ""])
 def test_bad_shard_specs_are_clear_errors(spec):
     with pytest.raises(ValueError, match=r"shard .*0 <= i < n"):
-        sweep_grid.shard([], spec)
+        grid.shard([], spec)
 
 
 CONFIG_FILES = sorted(Path(__file__).resolve().parents[1].glob("configs/*.py"))
@@ -212,5 +214,5 @@ CONFIG_FILES = sorted(Path(__file__).resolve().parents[1].glob("configs/*.py"))
 def test_every_shipped_config_and_sweep_point_passes_validation(path):
     # What the launcher checks before anything runs: a config that fails here would stop at its first line.
     config = load_config_file(path)
-    for point in sweep_grid.expand(config):
+    for point in grid.expand(config):
         runner.validate(sweep.point_config(config, point))

@@ -8,7 +8,7 @@ import pytest
 from PIL import Image
 
 from hwrepro.data import video
-from hwrepro.data.errors import DataError
+from hwrepro.errors import DataError
 
 
 def indexed_video(sources):

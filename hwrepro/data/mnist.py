@@ -14,7 +14,8 @@ from typing import Iterator
 
 import numpy as np
 
-from hwrepro.data.errors import DataError
+from hwrepro.data import register
+from hwrepro.errors import DataError
 
 IDX_FILES = {  # split -> (images, labels), the names MNIST is distributed under (optionally .gz)
     "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
@@ -143,6 +144,12 @@ def synthetic(seed: int, num_train: int = 60_000, num_test: int = 10_000) -> Ima
     train = draw(num_train)
     test = draw(num_test)
     return ImageSplits(*train, *test, source=f"synthetic digit-like images (seed {seed}; not MNIST)")
+
+
+@register("mnist", kind="images")
+def load_mnist(config) -> ImageSplits:
+    """MNIST as config.data gives it (source, dir, seed): see `load`."""
+    return load(config.data.source, config.data.dir, config.data.seed)
 
 
 def load(source: str, data_dir: str, seed: int) -> ImageSplits:

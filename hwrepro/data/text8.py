@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Iterator
+from pathlib import Path
+from typing import Any, Iterator
 
 import numpy as np
 
-from hwrepro.data.errors import DataError
+from hwrepro.data import register
+from hwrepro.data.xc import LabelData, pad_batch
+from hwrepro.errors import DataError
 
 _BLOCK_BYTES = 1 << 23
 _UNK = "<unk>"
@@ -235,3 +238,47 @@ def load_corpus(path: str | os.PathLike | None, seed: int = 0, min_count: int = 
     if path and os.path.exists(path):
         return read_text8(path, min_count, max_vocab)
     return synthetic_corpus(seed=seed, **synthetic_kwargs)
+
+
+class _StaticEval:
+    """A fixed evaluation set held as one array set, cut into `ordered` batches like XCBatcher's."""
+
+    def __init__(self, batch: dict[str, np.ndarray], num_features: int, num_labels: int):
+        self.batch, self.num_features, self.num_labels = batch, num_features, num_labels
+
+    def ordered(self, batch_size: int) -> Iterator[dict[str, np.ndarray]]:
+        for start in range(0, len(self.batch["labels"]), batch_size):
+            part = {k: v[start:start + batch_size] for k, v in self.batch.items()}
+            yield pad_batch(part, batch_size, self.num_features, self.num_labels)
+
+
+@register("text8", kind="labels")
+def label_data(config: Any) -> LabelData:
+    """word2vec skip-gram on text8 (data.dir/text8, else the synthetic corpus) as a "labels" data set: the
+    input is the centre word, the labels its context words. The last 5% of the corpus is held out, never
+    trained on: a fixed sample of its pairs is both the evaluation subset and the test set."""
+    d = config.data
+    path = str(Path(d.dir) / "text8") if d.dir else None
+    sizes = {"num_tokens": d.num_train} if d.num_train else {}
+    corpus = load_corpus(path, seed=d.seed, min_count=d.min_count, **sizes)
+    cut = int(len(corpus.tokens) * 0.95)
+    train_corpus = dataclasses.replace(corpus, tokens=corpus.tokens[:cut])
+    held_out = np.arange(cut, len(corpus.tokens) - d.window)
+    rng = np.random.default_rng(d.seed)
+    subset = np.sort(rng.choice(held_out, size=min(config.eval.subset, len(held_out)), replace=False))
+    spans = np.full(len(subset), d.window)
+    held = _StaticEval(skipgram_batch(corpus.tokens, subset, spans, d.window, corpus.vocab_size),
+                       corpus.vocab_size, corpus.vocab_size)
+
+    def endless():
+        epoch = 0
+        while True:
+            yield from skipgram_batches(train_corpus, config.train.batch_size, d.window, seed=config.seed,
+                                        epoch=epoch, sample=d.subsample)
+            epoch += 1
+
+    return LabelData(source=corpus.source, num_features=corpus.vocab_size, num_labels=corpus.vocab_size,
+                     num_train=cut, steps_per_epoch=max(cut // config.train.batch_size, 1), subset=held,
+                     test=held, num_test=len(subset),
+                     details={"tokens": len(corpus.tokens), "vocab_size": corpus.vocab_size, "train_tokens": cut},
+                     train_batches=endless)

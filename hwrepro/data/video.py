@@ -17,7 +17,7 @@ from typing import Iterator
 
 import numpy as np
 
-from hwrepro.data.errors import DataError
+from hwrepro.errors import DataError
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 SPLIT_SEED_OFFSET = {"train": 0, "val": 1, "test": 2}  # synthetic splits: disjoint seeds, same generator

@@ -18,11 +18,12 @@ import glob
 import os
 import re
 import tempfile
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from hwrepro.data.errors import DataError
+from hwrepro.data import register
+from hwrepro.errors import DataError
 
 _BLOCK_BYTES = 1 << 23        # the parser works on ~8 MiB of whole lines at a time (bounded temporaries)
 _CACHE_SUFFIX = ".hwrepro.npz"
@@ -696,3 +697,57 @@ def fixed_subset(data: XCData, n: int, seed: int) -> XCData:
     m = min(n, data.num_points)
     rows = np.random.default_rng(seed).permutation(data.num_points)[:m]
     return data.take(rows, source=f"{data.source}, random subset of {m} (seed {seed})")
+
+
+# ------------------------------------------------------------------------------------- what training reads
+
+
+@dataclasses.dataclass
+class LabelData:
+    """A data set of kind "labels" as the SLIDE experiment reads it: batches in the shared format (feat_ids,
+    feat_vals, labels; see XCBatcher), a fixed shuffled `subset` for evaluation during training, and the
+    `test` points of the final evaluation (each with `ordered(batch_size)`, padded batches with a mask)."""
+
+    source: str
+    num_features: int
+    num_labels: int
+    num_train: int
+    steps_per_epoch: int
+    subset: Any
+    test: Any
+    num_test: int
+    details: dict[str, Any]
+    train_batches: Callable[[], Iterator[dict[str, np.ndarray]]]
+
+
+def label_data(train: XCData, test: XCData, config: Any) -> LabelData:
+    """LabelData of a (train, test) pair for a run's config (data.max_features / max_labels widths,
+    train.batch_size, eval.subset / final_points, data.seed for the evaluation subsets, seed for the order)."""
+    d = config.data
+    batcher = XCBatcher(train, d.max_features, d.max_labels)
+    final = test if not config.eval.final_points else fixed_subset(test, config.eval.final_points, d.seed)
+    subset = XCBatcher(fixed_subset(test, config.eval.subset, d.seed), d.max_features, d.max_labels)
+    source = train.source if "synthetic" in train.source else f"{train.source} + {test.source}"
+    details = {"num_train": train.num_points, "num_test": test.num_points, "num_final_eval": final.num_points,
+               "num_features": train.num_features, "num_labels": train.num_labels,
+               "truncation_train": vars(batcher.truncation),
+               "features_per_point": float(train.features_per_point().mean()),
+               "labels_per_point": float(train.labels_per_point().mean())}
+    return LabelData(source=source, num_features=train.num_features, num_labels=train.num_labels,
+                     num_train=train.num_points, steps_per_epoch=batcher.steps_per_epoch(config.train.batch_size),
+                     subset=subset, test=XCBatcher(final, d.max_features, d.max_labels), num_test=final.num_points,
+                     details=details,
+                     train_batches=lambda: batcher.epochs(config.train.batch_size, seed=config.seed))
+
+
+def _register_shape(name: str) -> None:
+    @register(name, kind="labels")
+    def load(config: Any) -> LabelData:
+        d = config.data
+        train, test = load_splits(d.dir or None, name, seed=d.seed, num_train=d.num_train or None,
+                                  num_test=d.num_test or None)
+        return label_data(train, test, config)
+
+
+for _name in SHAPES:
+    _register_shape(_name)

@@ -8,30 +8,35 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import ml_collections
-import numpy as np
 import optax
 from flax.training import train_state
 
-from hwrepro import numerics
+from hwrepro import data
 from hwrepro.data import mnist
 from hwrepro.errors import ConfigError
-from hwrepro.models.autoencoder import Autoencoder, reconstruction_loss
-from hwrepro.records import Run
-from hwrepro.train_loop import checkpointer, fit
+from hwrepro.harness import numerics
+from hwrepro.harness.loop import checkpointer, fit
+from hwrepro.harness.records import Run
+from hwrepro.models import MODELS, reconstruction_loss
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
-    sizes = list(config.model.encoder_sizes)
-    if not sizes or any(not isinstance(n, int) or n <= 0 for n in sizes):
+    data.get(config.data.dataset, "images")
+    MODELS.get(config.model.name, "model.name")
+    sizes = list(config.model.get("encoder_sizes") or ())
+    if "encoder_sizes" in config.model and (not sizes or any(not isinstance(n, int) or n <= 0 for n in sizes)):
         raise ConfigError(f"model.encoder_sizes={sizes} must be a non-empty list of positive integers")
     if config.data.source not in ("auto", "idx", "tfds", "synthetic"):
         raise ConfigError(f"data.source={config.data.source!r} is not one of auto, idx, tfds, synthetic")
 
 
-def make_model(config: ml_collections.ConfigDict) -> Autoencoder:
-    return Autoencoder(encoder_sizes=tuple(config.model.encoder_sizes),
-                       dtype=numerics.jnp_dtype(config.numerics.precision),
-                       param_dtype=numerics.jnp_dtype(config.numerics.param_dtype))
+def make_model(config: ml_collections.ConfigDict):
+    """The model named by config.model.name, built from the other config.model fields (lists as tuples, so
+    the module stays hashable), with activations in numerics.precision and parameters in numerics.param_dtype."""
+    fields = {k: tuple(v) if isinstance(v, list) else v for k, v in config.model.items() if k != "name"}
+    return MODELS.get(config.model.name, "model.name")(
+        **fields, dtype=numerics.jnp_dtype(config.numerics.precision),
+        param_dtype=numerics.jnp_dtype(config.numerics.param_dtype))
 
 
 def create_state(config: ml_collections.ConfigDict, key: jax.Array) -> train_state.TrainState:
@@ -59,7 +64,7 @@ train_step = jax.jit(_train_step, donate_argnums=0)
 
 
 def run(config: ml_collections.ConfigDict, rec: Run):
-    splits = mnist.load(config.data.source, config.data.dir, config.data.seed)
+    splits = data.load(config, "images")
     rec.note_data(splits.source, num_train=len(splits.train_images), num_test=len(splits.test_images))
     steps_per_epoch = len(splits.train_images) // config.train.batch_size
     num_steps = config.train.num_steps or config.train.num_epochs * steps_per_epoch

@@ -19,13 +19,14 @@ import numpy as np
 import optax
 from flax.training import train_state
 
-from hwrepro import numerics
+from hwrepro.harness import numerics
 from hwrepro.data import video
 from hwrepro.errors import ConfigError
-from hwrepro.models.prednet import (PredNet, layer_loss_weights, param_count, time_loss_weights,
+from hwrepro.models import MODELS
+from hwrepro.models.predictive_coding import (PredNet, layer_loss_weights, param_count, time_loss_weights,
                                     weighted_error_loss)
-from hwrepro.records import Run
-from hwrepro.train_loop import checkpointer, fit
+from hwrepro.harness.records import Run
+from hwrepro.harness.loop import checkpointer, fit
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
@@ -56,7 +57,7 @@ def make_model(config: ml_collections.ConfigDict, output_mode: str = "error",
     """The config's PredNet with activations in numerics.precision and parameters in numerics.param_dtype
     (unroll: see PredNet; None unrolls the whole clip, what training on a CPU wants)."""
     m = config.model
-    return PredNet(stack_sizes=tuple(m.stack_sizes), R_stack_sizes=tuple(m.R_stack_sizes),
+    return MODELS.get(m.name, "model.name")(stack_sizes=tuple(m.stack_sizes), R_stack_sizes=tuple(m.R_stack_sizes),
                    A_filt_sizes=tuple(m.A_filt_sizes), Ahat_filt_sizes=tuple(m.Ahat_filt_sizes),
                    R_filt_sizes=tuple(m.R_filt_sizes), pixel_max=float(m.pixel_max), output_mode=output_mode,
                    extrap_start_time=extrap_start_time, unroll=unroll,

@@ -9,7 +9,7 @@ The input layer is a gather and a weighted sum, never a dense num_features-wide 
 written as a function of *gathered rows* (`candidate_logits(W_rows, b_rows, h)`): a training step gathers the
 candidate rows once and differentiates with respect to those rows, so no [num_labels, hidden] gradient is ever
 built. Dense scoring (evaluation, the dense baseline) is the same function applied to all of W. The modules
-call exactly these functions, so a module and the training core (hwrepro.slide) compute the same numbers.
+call exactly these functions, so a module and the training core (hwrepro.sparse) compute the same numbers.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from hwrepro import lsh
+from hwrepro.sparse import lsh
 
 DType = Any
 Initializer = Callable[..., jax.Array]
@@ -82,11 +82,13 @@ def output_logits(
     candidates: jax.Array | None = None,
     dtype: DType = jnp.float32,
 ) -> jax.Array:
-    """Logits [B, M] at candidates ([M] shared or [B, M] per example; ids >= N give bias-free zeros), or
-    dense logits [B, num_labels] when candidates is None."""
+    """Logits [B, M] at candidates ([M] shared or [B, M] per example), or dense logits [B, num_labels] when
+    candidates is None. A padding candidate (id >= num_labels) gets logit -inf, so it takes no part in a
+    softmax, a cross-entropy or a top-k (the one padding convention of this module)."""
     if candidates is None:
         return candidate_logits(weight, bias, h, dtype)
-    return candidate_logits(gather_rows(weight, candidates), gather_rows(bias, candidates), h, dtype)
+    z = candidate_logits(gather_rows(weight, candidates), gather_rows(bias, candidates), h, dtype)
+    return jnp.where(candidates < weight.shape[0], z, -jnp.inf)
 
 
 def softmax_xent(logits: jax.Array, targets: jax.Array, mask: jax.Array | None = None) -> jax.Array:
@@ -165,12 +167,11 @@ def lsh_logits(
       float32 logits of the same shape, -inf where the id is num_labels.
     """
     num_labels = weight.shape[0]
-    ids = lsh.query(tables, hash_fn, h, bucket_capacity).reshape(h.shape[0], -1)
+    ids = lsh.query(hash_fn, tables, h, bucket_capacity).reshape(h.shape[0], -1)
     ids = jnp.sort(ids, axis=1)
     repeat = jnp.concatenate([jnp.zeros_like(ids[:, :1], bool), ids[:, 1:] == ids[:, :-1]], axis=1)
     ids = jnp.where(repeat, num_labels, ids)
-    z = output_logits(weight, bias, h, ids, dtype)
-    return ids, jnp.where(ids < num_labels, z, -jnp.inf)
+    return ids, output_logits(weight, bias, h, ids, dtype)
 
 
 class SparseInput(nn.Module):
@@ -198,23 +199,27 @@ class SparseOutput(nn.Module):
     """Output layer over num_labels neurons, scored at candidates, densely, or at LSH-retrieved neurons.
 
     Params: `weight` [num_labels, features] (param_dtype; one row per output neuron, the layout LSH tables
-    hash), `bias` [num_labels] (float32).
+    hash), `bias` [num_labels] (float32). `features` is the input's last dimension, as for nn.Dense. Padding
+    candidates (id num_labels) score -inf.
     """
 
     num_labels: int
-    features: int = 128
     param_dtype: DType = jnp.float32
     dtype: DType = jnp.float32
     weight_init: Initializer = nn.initializers.normal(0.01)
 
-    def setup(self) -> None:
-        self.weight = self.param("weight", self.weight_init, (self.num_labels, self.features), self.param_dtype)
-        self.bias = self.param("bias", nn.initializers.zeros, (self.num_labels,), jnp.float32)
+    @nn.compact
+    def _params(self, features: int) -> tuple[jax.Array, jax.Array]:
+        weight = self.param("weight", self.weight_init, (self.num_labels, features), self.param_dtype)
+        bias = self.param("bias", nn.initializers.zeros, (self.num_labels,), jnp.float32)
+        return weight, bias
 
     def __call__(self, h: jax.Array, candidates: jax.Array | None = None) -> jax.Array:
         """Logits [B, M] at candidates ([M] or [B, M]), or dense [B, num_labels] when candidates is None."""
-        return output_logits(self.weight, self.bias, h, candidates, self.dtype)
+        weight, bias = self._params(h.shape[-1])
+        return output_logits(weight, bias, h, candidates, self.dtype)
 
     def lsh(self, h: jax.Array, hash_fn: Any, tables: Any, bucket_capacity: int) -> tuple[jax.Array, jax.Array]:
         """(ids, logits) [B, L * bucket_capacity] of the LSH-retrieved neurons; see `lsh_logits`."""
-        return lsh_logits(self.weight, self.bias, h, hash_fn, tables, bucket_capacity, self.dtype)
+        weight, bias = self._params(h.shape[-1])
+        return lsh_logits(weight, bias, h, hash_fn, tables, bucket_capacity, self.dtype)

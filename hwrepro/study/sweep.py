@@ -7,7 +7,7 @@ The sweep folder DIR holds
                    configuration = the name without the seed), the shard this invocation ran, report settings;
 - DIR/<point>/     one run folder per point (config.json, run.json, metrics.jsonl, final.json, ...), plus
                    output.txt, everything the point's process printed;
-- report.md, *.png the comparison (hwrepro.report), rewritten at the end of every invocation.
+- report.md, *.png the comparison (hwrepro.study.report), rewritten at the end of every invocation.
 
 A point whose run.json says `done` is never run again, so rerunning the same command resumes a killed sweep.
 A failing point is recorded (`failed: why` in its run.json) and the sweep goes on; a point asking for a
@@ -28,9 +28,11 @@ from typing import Any, Sequence
 
 import ml_collections
 
-from hwrepro import records, runner, sweep_grid
 from hwrepro.errors import HwreproError
-from hwrepro.sweep_grid import Point
+from hwrepro.harness import process, records, runner
+from hwrepro.harness.progress import format_seconds
+from hwrepro.study import grid
+from hwrepro.study.grid import Point
 
 SWEEP_FILE = "sweep.json"
 OUTPUT_FILE = "output.txt"
@@ -56,7 +58,7 @@ def group_over(config: ml_collections.ConfigDict) -> tuple[str, ...]:
 
 def point_config(config: ml_collections.ConfigDict, point: Point) -> ml_collections.ConfigDict:
     """The config one point runs: the base config (no `sweep`, no `report`) with the point's overrides."""
-    out = sweep_grid.apply(config, point.overrides)
+    out = grid.apply(config, point.overrides)
     if "report" in out:
         del out["report"]
     return out
@@ -67,10 +69,10 @@ def configuration_name(point: Point, repeats: Sequence[str] = DEFAULT_GROUP_OVER
     `precision=bf16,isa=AVX2,threads=1` for `precision=bf16,isa=AVX2,threads=1,seed=0`."""
     kept = {f: v for f, v in point.overrides.items() if f not in repeats}
     parts = point.name.split(",")
-    if point.name != sweep_grid.BASE_NAME and len(parts) == len(point.overrides):
+    if point.name != grid.BASE_NAME and len(parts) == len(point.overrides):
         # Names are `alias=value` per override, in order (values never contain commas): keep the aliases.
-        return ",".join(p for p, f in zip(parts, point.overrides) if f not in repeats) or sweep_grid.BASE_NAME
-    return sweep_grid.point_name(kept, {f: f for f in kept})  # the name was cut to length: use whole fields
+        return ",".join(p for p, f in zip(parts, point.overrides) if f not in repeats) or grid.BASE_NAME
+    return grid.point_name(kept, {f: f for f in kept})  # the name was cut to length: use whole fields
 
 
 def sweep_record(config: ml_collections.ConfigDict, points: Sequence[Point], selected: Sequence[Point],
@@ -80,7 +82,7 @@ def sweep_record(config: ml_collections.ConfigDict, points: Sequence[Point], sel
     return {
         "experiment": config.experiment,
         "name": config.get("name"),
-        "base_config": point_config(config, Point(sweep_grid.BASE_NAME, {})).to_dict(),
+        "base_config": point_config(config, Point(grid.BASE_NAME, {})).to_dict(),
         "sweep": config.sweep.to_dict(),
         "report": report_settings(config),
         "group_over": list(repeats),
@@ -122,7 +124,7 @@ def _set_status(run_dir: Path, status: str, name: str) -> None:
         info = records.read_json(path)
     except (OSError, ValueError):
         info = {"name": name}
-    info.update(status=status, end_time=records.now(), status_by="hwrepro.sweep")
+    info.update(status=status, end_time=records.now(), status_by="hwrepro.study.sweep")
     records.write_json_atomic(path, info)
 
 
@@ -158,12 +160,6 @@ def _metric_text(run_dir: Path, metric: str | None) -> str:
     return f", {metric} {value:.4g}" if isinstance(value, (int, float)) else f", {metric} {value}"
 
 
-def format_seconds(s: float) -> str:
-    """h:mm:ss (hwrepro.train_loop has the same, but importing it would start JAX in the launcher)."""
-    s = int(round(s))
-    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
-
-
 def _raise_keyboard_interrupt(signum, frame):
     raise KeyboardInterrupt
 
@@ -193,8 +189,8 @@ def run_sweep(config: ml_collections.ConfigDict, workdir: Path, shard: str | Non
     any point runs.
     """
     workdir = Path(workdir)
-    points = sweep_grid.expand(config)
-    selected = sweep_grid.shard(points, shard) if shard else list(points)
+    points = grid.expand(config)
+    selected = grid.shard(points, shard) if shard else list(points)
     for point in selected:  # every point's config must be runnable before the first one starts
         runner.validate(point_config(config, point))
     record = sweep_record(config, points, selected, shard)
@@ -253,20 +249,20 @@ def _attempt(config: ml_collections.ConfigDict, point: Point, run_dir: Path) -> 
     t0 = time.time()
     run_dir.mkdir(parents=True, exist_ok=True)
     with open(run_dir / OUTPUT_FILE, "a") as out:
-        out.write(f"=== hwrepro.sweep: attempt started {records.now()} ===\n")
+        out.write(f"=== hwrepro.study.sweep: attempt started {records.now()} ===\n")
         out.flush()
-        code = runner.run_subprocess(point_config(config, point), run_dir, quiet=False, stdout=out, stderr=out)
+        code = process.run_in_child(point_config(config, point), run_dir, stdout=out, stderr=out)
     return _settle(run_dir, point.name, code), time.time() - t0
 
 
 def _write_report(workdir: Path) -> None:
     """Writes the report; a failure is reported, never raised, so the sweep's results stay usable."""
     try:
-        from hwrepro import report
+        from hwrepro.study import report
 
         path = report.write_report(workdir)
         print(f"report: {path}", flush=True)
     except Exception as e:  # the runs are on disk either way; the report can be rebuilt
         print(f"report failed ({type(e).__name__}: {e}); the runs are intact, rebuild it with "
-              f"`python -m hwrepro.report {workdir}`", file=sys.stderr, flush=True)
+              f"`python -m hwrepro.study.report {workdir}`", file=sys.stderr, flush=True)
 

@@ -1,26 +1,21 @@
-"""Locality-sensitive hashing for SLIDE's output layer: hash families, bucket tables, queries, rebuild schedule.
+"""Locality-sensitive hashing for SLIDE's output layer: hash families by name, bucket tables, queries, and
+the rebuild schedule.
 
 SLIDE (MLSys 2020/2021) computes, each step, only the output neurons whose weight rows share an LSH bucket with
 the hidden activation in at least one of L tables. This module holds the hashing half of that and nothing of
 training: pure functions with explicit PRNG keys, jit-able with hash functions and tables passed as pytrees
-(every static size comes from an array shape).
-
-Hash families (L tables of K hashes each):
-- SimHash: bit k of table l is sign(<x, r_lk>) (signed random projections, Charikar 2002). Dense: Gaussian r,
-  so P(bit collides) = 1 - angle(x, y) / pi exactly. Sparse (density < 1, SLIDE's "ratio 3"): r has exactly
-  round(density * dim) non-zero entries, each +-1. Either way the codes are one f32 matmul.
-- DWTA, densified winner-take-all (Chen & Shrivastava 2018; SLIDE's choice for Amazon-670K): hash k of table
-  l is the position of the largest of `bin_size` randomly chosen input dims (for bin size 8, values within a
-  relative 2**-20 of each other count as equal, the lower position winning); zeros do not take part, and a
-  bin whose dims are all zero (common after ReLU) takes the value of the first non-empty bin in its own fixed
-  random probe order (densification, Shrivastava 2017), so identical vectors always collide and sparse
-  vectors still get a full code. A table's bucket id is the K positions read as a base-`bin_size` number.
+(every static size comes from an array shape). The hash families themselves (SimHash, DWTA, or one of yours)
+live in `hwrepro.sparse.hashes`, one module each, and are made by name with `init_hash`.
 
 Tables store, per table, all N neuron ids sorted by bucket plus bucket start offsets (the CSR layout): SLIDE's
 Amazon setting (L = 50, 2^18 buckets, bucket size 128) as a dense [L, 2^18, 128] array would be 6.7 GB, while
 ids + starts are L * (N + 2^18 + 1) int32 (186 MB for N = 670,091). Inside a bucket the order is random, so
 taking the first `bucket_capacity` ids of a bucket is a uniform sample of it; this stands in for SLIDE's
 FIFO / reservoir bucket replacement with a fixed bucket size.
+
+    fn = lsh.init_hash("simhash", key, dim=128, num_hashes=16, num_tables=25)
+    tables = lsh.build_tables(fn, weights, key)             # weights [N, 128]
+    ids = lsh.query(fn, tables, x, bucket_capacity=16)      # x [B, 128] -> [B, 25, 16], padded with N
 """
 
 from __future__ import annotations
@@ -30,46 +25,17 @@ import dataclasses
 import functools
 import math
 import os
-from typing import Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from hwrepro.sparse.hashes import FAMILIES, check_positive
+
 Array = jax.Array
-
-# DWTA compares values as order-preserving int32 keys (see _dwta_keys); a zero input maps to this key, which
-# is below every key of a non-zero value even after the slot bits are or-ed into its low bits.
-_EMPTY_KEY = -(2**31)
-# Largest bucket count per table we accept: `starts` holds L * (num_buckets + 1) int32.
-_MAX_BUCKET_BITS = 30
-
-
-class SimHash(NamedTuple):
-    """Signed random projections: `num_bits` sign bits per table, `num_tables` tables.
-
-    planes: float32 [dim, num_tables, num_bits]; Gaussian entries (density 1) or exactly
-        round(density * dim) entries of +-1 per (table, bit) column and zeros elsewhere (density < 1).
-    """
-
-    planes: Array
-
-
-class DWTA(NamedTuple):
-    """Densified winner-take-all hashes: `num_hashes` hashes per table of log2(bin_size) bits each.
-
-    bins: int32 [num_tables, num_hashes, bin_size]: the input dims each hash compares (distinct within a bin).
-    probes: int32 [num_tables * num_hashes, num_probes]: for each bin (flat index l * num_hashes + k), the other
-        bins, in a fixed random order, whose value an empty bin takes (the first non-empty one).
-    The input dim is in no shape here, so `codes` cannot check it (an index past it would be clamped).
-    """
-
-    bins: Array
-    probes: Array
-
-
-HashFn = SimHash | DWTA
+HashFn = Any  # an instance of a registered hash family (see hwrepro.sparse.hashes for the protocol)
 
 
 class Tables(NamedTuple):
@@ -83,78 +49,21 @@ class Tables(NamedTuple):
     starts: Array
 
 
-# ------------------------------------------------------------------------------------------------ hash functions
-
-
-@functools.partial(jax.jit, static_argnames=("dim", "num_bits", "num_tables", "density"))
-def init_simhash(key: Array, dim: int, num_bits: int, num_tables: int, density: float = 1.0) -> SimHash:
-    """Draws `num_tables` x `num_bits` random hyperplanes for `dim`-dimensional inputs.
-
-    density 1 gives Gaussian hyperplanes (exact 1 - angle/pi collision probability per bit); density < 1 gives
-    SLIDE's sparse projections: round(density * dim) (at least 1) dims per hyperplane, each with a random sign.
-    """
-    _check_positive(dim=dim, num_bits=num_bits, num_tables=num_tables)
-    if num_bits > _MAX_BUCKET_BITS:
-        raise ValueError(f"num_bits={num_bits} gives more than 2**{_MAX_BUCKET_BITS} buckets per table")
-    if not 0.0 < density <= 1.0:
-        raise ValueError(f"density={density} must be in (0, 1]")
-    shape = (dim, num_tables, num_bits)
-    k_values, k_dims = jax.random.split(key)
-    if density == 1.0:
-        return SimHash(jax.random.normal(k_values, shape, jnp.float32))
-    nonzero = max(1, round(density * dim))
-    # A dim is kept when its uniform rank within its column is below `nonzero`: exactly `nonzero` per column.
-    rank = jnp.argsort(jnp.argsort(jax.random.uniform(k_dims, shape), axis=0), axis=0)
-    signs = jax.random.rademacher(k_values, shape, jnp.float32)
-    return SimHash(jnp.where(rank < nonzero, signs, 0.0))
-
-
-@functools.partial(jax.jit, static_argnames=("dim", "num_hashes", "num_tables", "bin_size", "num_probes"))
-def init_dwta(
-    key: Array, dim: int, num_hashes: int, num_tables: int, bin_size: int = 8, num_probes: int | None = None
-) -> DWTA:
-    """Draws `num_tables` x `num_hashes` winner-take-all bins of `bin_size` distinct dims each.
-
-    num_probes: how many other bins an empty bin may borrow from, in its random probe order; default all of
-    them (num_tables * num_hashes - 1), so only a vector that is zero in every bin keeps empty bins (code 0).
-    Probing stops as soon as every bin is filled, so a long probe list costs nothing for dense vectors.
-    """
-    _check_positive(dim=dim, num_hashes=num_hashes, num_tables=num_tables)
-    if not 2 <= bin_size <= min(dim, 128):
-        raise ValueError(f"bin_size={bin_size} must be between 2 and min(dim={dim}, 128)")
-    if bin_size**num_hashes > 2**_MAX_BUCKET_BITS:
-        raise ValueError(f"bin_size**num_hashes = {bin_size}**{num_hashes} exceeds 2**{_MAX_BUCKET_BITS} buckets")
-    num_bins = num_tables * num_hashes
-    num_probes = num_bins - 1 if num_probes is None else num_probes
-    if not 0 <= num_probes <= num_bins - 1:
-        raise ValueError(f"num_probes={num_probes} must be between 0 and {num_bins - 1} (the other bins)")
-    k_bins, k_probes = jax.random.split(key)
-    # The first bin_size entries of an independent random permutation of the dims, for every bin.
-    order = jnp.argsort(jax.random.uniform(k_bins, (num_bins, dim)), axis=1)
-    bins = order[:, :bin_size].reshape(num_tables, num_hashes, bin_size).astype(jnp.int32)
-    # Each bin's probe order: a random permutation of the other bins (its own bin is sorted last, dropped).
-    noise = jax.random.uniform(k_probes, (num_bins, num_bins)) + 2.0 * jnp.eye(num_bins)
-    probes = jnp.argsort(noise, axis=1)[:, :num_probes].astype(jnp.int32)
-    return DWTA(bins, probes)
+def init_hash(kind: str, key: Array, dim: int, num_hashes: int, num_tables: int, **options: Any) -> HashFn:
+    """Draws the hash functions of family `kind` ("simhash", "dwta", or any registered one) for `dim`-dimensional
+    vectors: `num_tables` tables (L) of `num_hashes` hashes (K) each; `options` are the family's own (SimHash:
+    density; DWTA: bin_size, num_probes)."""
+    return FAMILIES.get(kind, "lsh.kind").init(key, dim, num_hashes, num_tables, **options)
 
 
 def num_buckets(fn: HashFn) -> int:
-    """Buckets per table: 2**num_bits (SimHash) or bin_size**num_hashes (DWTA)."""
-    if isinstance(fn, SimHash):
-        return 2 ** fn.planes.shape[2]
-    _, num_hashes, bin_size = fn.bins.shape
-    return bin_size**num_hashes
+    """Buckets per table (SimHash: 2**K; DWTA: bin_size**K)."""
+    return fn.num_buckets
 
 
 def num_tables(fn: HashFn) -> int:
     """L, the number of tables (one bucket id per table per input)."""
-    return fn.planes.shape[1] if isinstance(fn, SimHash) else fn.bins.shape[0]
-
-
-def _check_positive(**sizes: int) -> None:
-    for name, value in sizes.items():
-        if int(value) != value or value < 1:
-            raise ValueError(f"{name}={value!r} must be a positive integer")
+    return fn.num_tables
 
 
 # --------------------------------------------------------------------------------------------------------- codes
@@ -172,121 +81,9 @@ def table_codes(fn: HashFn, x: Array) -> Array:
         raise ValueError(f"expected inputs of shape [n, dim], got shape {x.shape}")
     if not jnp.issubdtype(x.dtype, jnp.floating):
         raise ValueError(f"expected floating-point inputs, got dtype {x.dtype}")
-    if isinstance(fn, SimHash):
-        if x.shape[1] != fn.planes.shape[0]:
-            raise ValueError(f"inputs have dim {x.shape[1]} but the SimHash was drawn for dim {fn.planes.shape[0]}")
-        _, tables, bits = fn.planes.shape
-        # Rows per block: their f32 projections [rows, L * K] (2 MB) stay in a core's L2 cache.
-        return _by_row_blocks(functools.partial(_simhash_codes, fn), x, tables, (1 << 21) // (4 * tables * bits))
-    if isinstance(fn, DWTA):
-        # Rows per block: their int32 keys [dim, rows] (1 MB) stay in L2 while every table's bins read them,
-        # 3x faster at Amazon-670K's size than passes over all rows.
-        return _by_row_blocks(functools.partial(_dwta_codes, fn), x, fn.bins.shape[0], (1 << 20) // (4 * x.shape[1]))
-    raise TypeError(f"expected a SimHash or DWTA hash function, got {type(fn).__name__}")
-
-
-def _by_row_blocks(hash_rows: Callable[[Array], Array], x: Array, num_tables_: int, block: int) -> Array:
-    """int32 [L, n]: hash_rows (rows [b, dim] -> codes [L, b]) over blocks of `block` rows (at least 64).
-
-    The last block is shifted back to end at row n, re-hashing a few rows to the same codes, so every block
-    has one static shape and no padded copy of x is made.
-    """
-    n = x.shape[0]
-    if n == 0:
-        return jnp.zeros((num_tables_, 0), jnp.int32)
-    block = min(n, max(64, block))
-
-    def hash_block(i: Array, out: Array) -> Array:
-        start = jnp.minimum(i * block, n - block)
-        return lax.dynamic_update_slice_in_dim(out, hash_rows(lax.dynamic_slice_in_dim(x, start, block)), start, 1)
-
-    return lax.fori_loop(0, -(-n // block), hash_block, jnp.zeros((num_tables_, n), jnp.int32))
-
-
-def _simhash_codes(fn: SimHash, x: Array) -> Array:
-    """int32 [L, n]: bit k of table l is <x, planes[:, l, k]> > 0.
-
-    Inputs are upcast to f32 (exact for bf16) so that vectors of different dtypes, e.g. f32 weights and bf16
-    activations, are hashed by the same hyperplanes; HIGHEST precision keeps TF32 / bf16 passes out of it.
-    (A projection within float rounding of 0 could still flip its bit between two matmul shapes.)
-    """
-    bit_values = jnp.left_shift(1, jnp.arange(fn.planes.shape[2], dtype=jnp.int32))
-    proj = jnp.einsum("nd,dlk->nlk", x.astype(jnp.float32), fn.planes, precision=lax.Precision.HIGHEST)
-    return jnp.sum(jnp.where(proj > 0, bit_values, 0), axis=-1, dtype=jnp.int32).T
-
-
-def _dwta_keys(x: Array, bin_size: int) -> Array:
-    """int32 keys with the order of x's values, the low bits cleared for a slot id, zeros mapped to _EMPTY_KEY.
-
-    Comparing one int32 max per value (with the slot in the low bits) is what makes DWTA cheap here: a float
-    argmax needs a compare and two selects per value. The cleared low bits mean values agreeing in their top
-    32 - ceil(log2(bin_size)) bits (relative difference < 2**-20 for bin 8) count as a tie, won by the lower
-    slot: a fixed, deterministic part of the hash function, shared by queries and tables.
-    """
-    slot_mask = (1 << (bin_size - 1).bit_length()) - 1
-    v = x.astype(jnp.float32)
-    bits = lax.bitcast_convert_type(v, jnp.int32)
-    ordered = jnp.where(bits < 0, bits ^ jnp.int32(0x7FFFFFFF), bits)  # negative floats: reverse magnitude order
-    return jnp.where(v != 0, ordered & jnp.int32(~slot_mask), jnp.int32(_EMPTY_KEY))
-
-
-def _dwta_codes(fn: DWTA, x: Array) -> Array:
-    """int32 [L, n]: sum over k of slot(l, k) * bin_size**k, slots densified."""
-    num_tables_, num_hashes, bin_size = fn.bins.shape
-    keys = _dwta_keys(x, bin_size).T  # [dim, n]: a bin's dims are then whole contiguous rows
-    flat = _dwta_slots(keys, fn.bins).reshape(num_tables_ * num_hashes, -1)
-    # Weight rows are dense, so a table build rarely has an empty bin: skip the probing then.
-    flat = lax.cond(jnp.any(flat < 0), _densify, lambda s, _: s, flat, fn.probes)
-    slots = jnp.maximum(flat, 0).astype(jnp.int32).reshape(num_tables_, num_hashes, -1)
-    radix = bin_size ** jnp.arange(num_hashes, dtype=jnp.int32)
-    return jnp.sum(slots * radix[:, None], axis=1)
-
-
-def _dwta_slots(keys: Array, bins: Array) -> Array:
-    """int8 [L, K, n]: the position (0..bin_size-1) of the largest non-zero value in each bin, -1 if none.
-
-    A scan over tables whose body reads each bin's dims as whole rows of `keys` [dim, n] (dynamic slices):
-    one pass of int32 maxes per table, contiguous and vectorised. Gathering [n, L, K, bin_size] values
-    instead is a 19x larger intermediate than the input and XLA:CPU's slow element-wise gather path.
-    """
-    _, num_hashes, bin_size = bins.shape
-    slot_mask = (1 << (bin_size - 1).bit_length()) - 1
-
-    def table(carry: None, table_bins: Array) -> tuple[None, Array]:
-        slots = []
-        for k in range(num_hashes):
-            # Slot j is or-ed in as bin_size - 1 - j so that on equal keys the lower slot wins.
-            best = functools.reduce(jnp.maximum, [
-                lax.dynamic_index_in_dim(keys, table_bins[k, j], keepdims=False) | (bin_size - 1 - j)
-                for j in range(bin_size)])
-            empty = (best & ~slot_mask) == _EMPTY_KEY
-            slots.append(jnp.where(empty, -1, bin_size - 1 - (best & slot_mask)).astype(jnp.int8))
-        return carry, jnp.stack(slots)
-
-    return lax.scan(table, None, bins)[1]
-
-
-def _densify(slots: Array, probes: Array) -> Array:
-    """int8 [M, n]: every empty bin (-1) takes the slot of the first non-empty bin in its probe order.
-
-    One round per probe position, each a row gather from the original slots, until no vector that has a
-    non-empty bin has an empty one left (typically a few rounds for ReLU activations). Vectors with no
-    non-empty bin at all keep -1 everywhere (the caller reads that as slot 0).
-    """
-    if probes.shape[1] == 0:
-        return slots
-    fillable = jnp.any(slots >= 0, axis=0)
-
-    def unfinished(state: tuple[Array, Array]) -> Array:
-        t, current = state
-        return (t < probes.shape[1]) & jnp.any((current < 0) & fillable)
-
-    def probe(state: tuple[Array, Array]) -> tuple[Array, Array]:
-        t, current = state
-        borrowed = jnp.take(slots, probes[:, t], axis=0)
-        return t + 1, jnp.where(current < 0, borrowed, current)
-
-    return lax.while_loop(unfinished, probe, (jnp.int32(0), slots))[1]
+    if not hasattr(fn, "table_codes"):
+        raise TypeError(f"expected a hash function of a registered family, got {type(fn).__name__}")
+    return fn.table_codes(x)
 
 
 # -------------------------------------------------------------------------------------------------------- tables
@@ -390,7 +187,7 @@ def _host_group_by_bucket(
 
 
 @functools.partial(jax.jit, static_argnames="bucket_capacity")
-def query(tables: Tables, fn: HashFn, x: Array, bucket_capacity: int) -> Array:
+def query(fn: HashFn, tables: Tables, x: Array, bucket_capacity: int) -> Array:
     """Neurons in the buckets x falls in: x float [B, dim] -> int32 [B, L, bucket_capacity].
 
     Per table, the first `bucket_capacity` ids of x's bucket (a uniform sample of it, the in-bucket order
@@ -401,7 +198,7 @@ def query(tables: Tables, fn: HashFn, x: Array, bucket_capacity: int) -> Array:
 
 def lookup(tables: Tables, bucket_codes: Array, bucket_capacity: int) -> Array:
     """`query` for precomputed codes: int32 [B, L] bucket ids -> int32 [B, L, bucket_capacity] neuron ids."""
-    _check_positive(bucket_capacity=bucket_capacity)
+    check_positive(bucket_capacity=bucket_capacity)
     num_tables_, n = tables.ids.shape
     if bucket_codes.ndim != 2 or bucket_codes.shape[1] != num_tables_:
         raise ValueError(f"expected bucket codes of shape [B, {num_tables_}], got shape {bucket_codes.shape}")

@@ -13,7 +13,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from hwrepro.models.registry import MODELS
 
+
+@MODELS.register("mlp_autoencoder")
 class Autoencoder(nn.Module):
     """x [batch, input_dim] in [0, 1] -> reconstruction logits [batch, input_dim] (sigmoid gives pixels).
 

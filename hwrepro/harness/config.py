@@ -14,7 +14,7 @@ import ml_collections
 
 
 def numerics_config() -> ml_collections.ConfigDict:
-    """The numerics controls (see hwrepro.numerics for what each one changes and how it is applied)."""
+    """The numerics controls (see hwrepro.harness.numerics for what each one changes and how it is applied)."""
     n = ml_collections.ConfigDict()
     n.platform = "cpu"            # cpu | gpu
     n.threads = 0                 # CPU cores the training process may use; 0 = all it is allowed now

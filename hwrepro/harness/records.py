@@ -35,6 +35,14 @@ _CPU_FLAGS_OF_INTEREST = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw",
                           "avx512_bf16", "amx_bf16", "amx_tile", "amx_int8")
 
 
+CONFIG_FILE = "config.json"
+
+
+def write_config(workdir: Path, config: Any) -> None:
+    """workdir/config.json: the resolved config (a ConfigDict or a mapping)."""
+    write_json_atomic(Path(workdir) / CONFIG_FILE, config.to_dict() if hasattr(config, "to_dict") else dict(config))
+
+
 def now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
@@ -181,10 +189,13 @@ class Run:
         return workdir
 
     @classmethod
-    def start(cls, workdir: Path, config: Any, numerics_applied: dict[str, Any], quiet: bool = False) -> "Run":
+    def start(cls, workdir: Path, config: Any, numerics_applied: dict[str, Any], quiet: bool = False,
+              write_config: bool = True) -> "Run":
+        """Opens the record; `write_config` False when the launcher wrote config.json already."""
         workdir = Path(workdir)
         config_dict = config.to_dict() if hasattr(config, "to_dict") else dict(config)
-        write_json_atomic(workdir / "config.json", config_dict)
+        if write_config:
+            write_json_atomic(workdir / CONFIG_FILE, config_dict)
         info = {
             "status": "running",
             "experiment": config_dict.get("experiment"),

@@ -6,50 +6,14 @@ between, so JAX's asynchronous dispatch keeps the host ahead of the computation.
 
 from __future__ import annotations
 
-import sys
 import time
 from typing import Any, Callable, Iterator
 
 import jax
 import jax.numpy as jnp
 
-from hwrepro.records import Run
-
-
-def format_seconds(s: float) -> str:
-    s = int(round(s))
-    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
-
-
-class Progress:
-    """One status line (steps/s, ETA, latest metrics): rewritten in place on a terminal, otherwise printed
-    at most every `interval` seconds so logs stay readable."""
-
-    def __init__(self, total: int, label: str, interval: float = 10.0, stream=None, unit: str = "step",
-                 units: str = "steps"):
-        self.total, self.label, self.unit, self.units = total, label, unit, units
-        self.stream = stream or sys.stderr
-        self.tty = self.stream.isatty()
-        self.interval = 0.5 if self.tty else interval
-        self.t0 = time.time()
-        self.last_print = -float("inf")
-
-    def update(self, step: int, force: bool = False, **shown: float) -> None:
-        now = time.time()
-        if not force and now - self.last_print < self.interval:
-            return
-        self.last_print = now
-        elapsed = now - self.t0
-        rate = step / elapsed if elapsed > 0 else 0.0
-        eta = (self.total - step) / rate if rate > 0 else 0.0
-        fields = " ".join(f"{k} {v:.4g}" for k, v in shown.items())
-        line = (f"[{self.label}] {self.unit} {step}/{self.total} ({100 * step / self.total:.0f}%) "
-                f"{rate:.1f} {self.units}/s ETA {format_seconds(eta)} {fields}").rstrip()
-        if self.tty:
-            self.stream.write("\r" + line.ljust(100) + ("\n" if step >= self.total else ""))
-        else:
-            self.stream.write(line + "\n")
-        self.stream.flush()
+from hwrepro.harness.progress import Progress
+from hwrepro.harness.records import Run
 
 
 def _add(acc, metrics):
@@ -106,13 +70,14 @@ def fit(state: Any,
                 row["epoch"] = step / steps_per_epoch
             row["examples_per_s"] = window_steps * examples_per_step / max(elapsed, 1e-9)
             row["train_seconds"] = train_seconds
-            if eval_fn is not None and (last or (eval_every and step % eval_every == 0)):
+            evaluated = eval_fn is not None and (last or bool(eval_every and step % eval_every == 0))
+            if evaluated:
                 row.update({f"eval_{k}": v for k, v in eval_fn(state).items()})
             if checkpoint:
                 row.update(checkpoint_fn(step, state))
             rec.log(step, **row)
             shown = {k: v for k, v in row.items() if k in ("loss", "epoch") or k.startswith("eval_")}
-            progress.update(step, force=last, **shown)
+            progress.update(step, force=last or evaluated, **shown)  # evaluations always print
             window_start, window_steps, acc = time.time(), 0, None
     return state
 
@@ -123,7 +88,7 @@ def checkpointer(rec: Run, params_of: Callable[[Any], Any], *, loss_fn: Callable
     """A `checkpoint_fn` for `fit`: keeps the parameters (for the sweep report's divergence analysis) and,
     with `hessian_iters` > 0, estimates the extreme Hessian eigenvalues of `loss_fn(params, probe_batch)` by
     Lanczos (the saddle-point diagnostic), on the same fixed batch and start vector at every checkpoint."""
-    from hwrepro.hessian import extreme_eigenvalues
+    from hwrepro.study.hessian import extreme_eigenvalues
 
     def at_checkpoint(step: int, state: Any) -> dict:
         params = params_of(state)

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hwrepro.models.convlstm import ConvLSTMCell, ConvLSTMState, hard_sigmoid
+from hwrepro.models.registry import MODELS
 
 OUTPUT_MODES = ("prediction", "error", "all")
 
@@ -185,6 +186,7 @@ class PredNetStep(nn.Module):
         return new_state, (prediction, errors)
 
 
+@MODELS.register("prednet")
 class PredNet(nn.Module):
     """PredNet over a clip: frames [B, T, H, W, C] -> output chosen by `output_mode`.
 

@@ -1,0 +1,30 @@
+"""What `python launch.py` does with a resolved config: a sweep when the config has one, else one run, in
+this process when its numerics can still apply here, else in a child process (hwrepro.harness.process)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import ml_collections
+
+from hwrepro.harness import numerics, process, runner
+
+
+def default_workdir(config: ml_collections.ConfigDict) -> Path:
+    return Path("runs") / f"{config.get('name', config.experiment)}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def launch(config: ml_collections.ConfigDict, workdir: str | None = None, shard: str | None = None) -> int:
+    """Runs the config into `workdir` (default: a fresh runs/<name>-<time>/); returns the exit code."""
+    workdir = Path(workdir) if workdir else default_workdir(config)
+    if config.get("sweep"):
+        from hwrepro.study import sweep
+
+        return sweep.run_sweep(config, workdir, shard)
+    runner.validate(config)
+    if "jax" in sys.modules or numerics.needs_fresh_process(config.numerics):
+        return process.run_in_child(config, workdir)
+    runner.print_final(runner.run_here(config, workdir))
+    return runner.EXIT_DONE

@@ -1,0 +1,102 @@
+"""Runs one experiment in this process: numerics first, then JAX, then the experiment, all of it recorded.
+
+Experiments are found by module name: `config.experiment = "slide"` runs `hwrepro.experiments.slide.run`
+(see hwrepro.experiments). `run_here` is what the launcher's process, a child process (hwrepro.harness.process)
+and tests call.
+
+Exit codes of every hwrepro process: 0 done, 1 failed, 2 bad config, data or workdir, 3 skipped (platform missing).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+import ml_collections
+
+from hwrepro import experiments
+from hwrepro.errors import ConfigError, HwreproError, PlatformUnavailable
+from hwrepro.harness import numerics
+
+EXIT_DONE, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_SKIPPED = 0, 1, 2, 3
+
+
+def validate(config: ml_collections.ConfigDict) -> None:
+    """Checks the fields every experiment shares, without JAX; experiment modules check their own in `validate`."""
+    experiments.module_name(config.get("experiment"))
+    t = config.train
+    for field in ("batch_size", "log_every"):
+        if t[field] <= 0:
+            raise ConfigError(f"train.{field}={t[field]} must be positive")
+    for field in ("num_epochs", "num_steps", "eval_every", "checkpoints", "hessian_iters"):
+        if t[field] < 0:
+            raise ConfigError(f"train.{field}={t[field]} must not be negative")
+    if t.num_epochs == 0 and t.num_steps == 0:
+        raise ConfigError("train.num_epochs and train.num_steps are both 0: nothing to train")
+    if not t.learning_rate > 0:
+        raise ConfigError(f"train.learning_rate={t.learning_rate} must be positive")
+    if not isinstance(config.seed, int) or config.seed < 0:
+        raise ConfigError(f"seed={config.seed!r} must be a non-negative integer")
+    numerics.validate(config.numerics)
+
+
+def run_here(config: ml_collections.ConfigDict, workdir: Path, quiet: bool = False,
+             prepared: bool = False) -> dict[str, Any]:
+    """Runs one experiment in this process and returns final.json's content.
+
+    Numerics are applied only if JAX is not imported yet; otherwise the run goes ahead with the process's
+    current settings, and run.json says so (`numerics_applied.before_jax: false`). `prepared`: the workdir was
+    made ready and config.json written by the launcher (a child process), so neither is done again.
+    """
+    from hwrepro.harness.records import Run
+
+    if not prepared:
+        validate(config)
+    before_jax = "jax" not in sys.modules
+    if before_jax:
+        numerics.apply_before_jax(config.numerics)
+    numerics.apply_after_jax(config.numerics)
+    module = experiments.get(config.experiment)
+    if hasattr(module, "validate"):
+        module.validate(config)
+    if not prepared:
+        workdir = Run.prepare(workdir)
+    rec = Run.start(workdir, config, {"before_jax": before_jax, **numerics.applied()}, quiet=quiet,
+                    write_config=not prepared)
+    rec.print(f"hwrepro: {config.experiment} '{config.name}' -> {workdir}")
+    try:
+        final_metrics, params = module.run(config, rec)
+        final = rec.finish(final_metrics, params)
+    except KeyboardInterrupt:
+        rec.fail("interrupted")
+        raise
+    except HwreproError as e:
+        rec.fail(str(e))
+        raise
+    except Exception as e:
+        (Path(workdir) / "traceback.txt").write_text(traceback.format_exc())
+        rec.fail(f"{type(e).__name__}: {e} (traceback in traceback.txt)")
+        raise
+    return final
+
+
+def print_final(final: dict[str, Any]) -> None:
+    shown = {k: v for k, v in final.items() if k != "param_sha256"}
+    print("final: " + json.dumps(shown, default=str))
+    print(f"param_sha256: {final['param_sha256']}")
+
+
+def report_error(e: BaseException) -> int:
+    """One line for the user, no traceback wall; returns the exit code.
+
+    HwreproError messages are written for the user as they are; anything else is a bug or an environment
+    problem, named by its type (the run's traceback.txt has the details).
+    """
+    if isinstance(e, HwreproError):
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return EXIT_SKIPPED if isinstance(e, PlatformUnavailable) else EXIT_BAD_INPUT
+    print(f"error: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+    return EXIT_FAILED

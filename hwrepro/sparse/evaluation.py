@@ -1,0 +1,98 @@
+"""Evaluation of a SLIDE network: top-k labels by dense scoring (chunked, exact) or among LSH-retrieved
+neurons, and precision@k."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from hwrepro.models import sparse_layers as model
+from hwrepro.sparse.training import Batch, Params, model_params
+
+def blocked_top_k(x: jax.Array, k: int, block: int = 128) -> tuple[jax.Array, jax.Array]:
+    """`jax.lax.top_k` over the last axis of x [B, n], exact, for n a multiple of `block`.
+
+    XLA's CPU top_k over a long row costs nearly as much as the matmul that made it; here only the
+    [B, n / block] block maxima go through top_k, then the k best blocks' elements: the k largest elements
+    always lie in the k blocks with the largest maxima (each of them is beaten by its own block's maximum).
+    """
+    b, n = x.shape
+    if n % block or n // block < k:
+        return jax.lax.top_k(x, k)
+    blocks = x.reshape(b, n // block, block)
+    _, best = jax.lax.top_k(blocks.max(axis=2), k)                           # [B, k] block ids
+    inside = jnp.take_along_axis(blocks, best[:, :, None], axis=1).reshape(b, k * block)
+    v, j = jax.lax.top_k(inside, k)
+    return v, jnp.take_along_axis(best, j // block, axis=1) * block + j % block
+
+
+@functools.partial(jax.jit, static_argnames=("k", "chunk", "dtype"))
+def topk(params: Params, batch: Batch, k: int, chunk: int = 131072, dtype: Any = jnp.float32) -> jax.Array:
+    """The k highest-scoring labels per example by dense scoring: int32 [B, k], best first.
+
+    Scores all num_labels neurons in chunks of `chunk` rows (a running top-k over chunks), so the [B, N]
+    logits never exist at once for large N; slices of W are read in place. params: a state's or the modules'.
+    """
+    params = model_params(params)
+    p_in, p_out = params["input"], params["output"]
+    h = model.sparse_hidden(p_in["embedding"], p_in["bias"], batch["feat_ids"], batch["feat_vals"], dtype)
+    weight, bias = p_out["weight"], p_out["bias"]
+    n = weight.shape[0]
+    if chunk >= n:
+        return jax.lax.top_k(model.candidate_logits(weight, bias, h, dtype), k)[1]
+
+    def body(best, i):
+        # The last chunk is shifted back to end at n; ids already scored by the previous chunk are masked.
+        start = jnp.minimum(i * chunk, n - chunk)
+        z = model.candidate_logits(jax.lax.dynamic_slice_in_dim(weight, start, chunk),
+                                   jax.lax.dynamic_slice_in_dim(bias, start, chunk), h, dtype)
+        ids = start + jnp.arange(chunk, dtype=jnp.int32)
+        v, j = blocked_top_k(jnp.where(ids >= i * chunk, z, -jnp.inf), k)
+        all_v = jnp.concatenate([best[0], v], axis=1)
+        all_i = jnp.concatenate([best[1], ids[j]], axis=1)
+        v, j = jax.lax.top_k(all_v, k)
+        return (v, jnp.take_along_axis(all_i, j, axis=1)), None
+
+    b = h.shape[0]
+    init = (jnp.full((b, k), -jnp.inf, jnp.float32), jnp.zeros((b, k), jnp.int32))
+    (_, ids), _ = jax.lax.scan(body, init, jnp.arange(-(-n // chunk), dtype=jnp.int32))
+    return ids
+
+
+@functools.partial(jax.jit, static_argnames=("k", "bucket_capacity", "dtype"))
+def topk_lsh(
+    params: Params, hash_fn: Any, tables: Any, batch: Batch, k: int, bucket_capacity: int = 16,
+    dtype: Any = jnp.float32,
+) -> jax.Array:
+    """The k best labels per example among those its hidden activation retrieves from the LSH tables.
+
+    int32 [B, k], best first; -1 where fewer than k neurons were retrieved (never counts as a hit).
+    """
+    params = model_params(params)
+    p_in, p_out = params["input"], params["output"]
+    h = model.sparse_hidden(p_in["embedding"], p_in["bias"], batch["feat_ids"], batch["feat_vals"], dtype)
+    ids, z = model.lsh_logits(p_out["weight"], p_out["bias"], h, hash_fn, tables, bucket_capacity, dtype)
+    v, j = jax.lax.top_k(z, k)
+    return jnp.where(v > -jnp.inf, jnp.take_along_axis(ids, j, axis=1), -1)
+
+
+def precision_at_k(
+    topk_ids: jax.Array, labels: jax.Array, ks: tuple[int, ...] = (1, 3, 5), num_labels: int | None = None
+) -> dict[str, jax.Array]:
+    """{"P@k": mean over examples of |top-k ∩ labels| / k} for each k in ks.
+
+    topk_ids: int32 [B, K >= max(ks)], best first (negative = no prediction); labels: int32 [B, Lmax].
+    With num_labels given, labels equal to it are padding and examples without labels are left out.
+    """
+    if max(ks) > topk_ids.shape[1]:
+        raise ValueError(f"precision_at_k: k={max(ks)} exceeds the {topk_ids.shape[1]} predictions per example")
+    valid_label = labels >= 0 if num_labels is None else labels < num_labels
+    hit = jnp.any((topk_ids[:, :, None] == labels[:, None, :]) & valid_label[:, None, :], axis=2)
+    hit = hit & (topk_ids >= 0)
+    weight = jnp.any(valid_label, axis=1).astype(jnp.float32) if num_labels is not None else jnp.ones(
+        labels.shape[0], jnp.float32)
+    denom = jnp.maximum(jnp.sum(weight), 1.0)
+    return {f"P@{k}": jnp.sum(weight * jnp.sum(hit[:, :k], axis=1) / k) / denom for k in ks}

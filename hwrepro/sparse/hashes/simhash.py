@@ -1,0 +1,74 @@
+"""SimHash: signed random projections (Charikar 2002), `num_hashes` sign bits per table.
+
+Bit k of table l is sign(<x, r_lk>). Dense: Gaussian r, so P(bit collides) = 1 - angle(x, y) / pi exactly.
+Sparse (density < 1, SLIDE's "ratio 3"): r has exactly round(density * dim) non-zero entries, each +-1.
+Either way the codes are one f32 matmul.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from hwrepro.sparse.hashes import FAMILIES, MAX_BUCKET_BITS, by_row_blocks, check_positive
+
+
+@functools.partial(jax.jit, static_argnames=("dim", "num_hashes", "num_tables", "density"))
+def _init(key: jax.Array, dim: int, num_hashes: int, num_tables: int, density: float = 1.0) -> "SimHash":
+    check_positive(dim=dim, num_hashes=num_hashes, num_tables=num_tables)
+    if num_hashes > MAX_BUCKET_BITS:
+        raise ValueError(f"num_hashes={num_hashes} gives more than 2**{MAX_BUCKET_BITS} buckets per table")
+    if not 0.0 < density <= 1.0:
+        raise ValueError(f"density={density} must be in (0, 1]")
+    shape = (dim, num_tables, num_hashes)
+    k_values, k_dims = jax.random.split(key)
+    if density == 1.0:
+        return SimHash(jax.random.normal(k_values, shape, jnp.float32))
+    nonzero = max(1, round(density * dim))
+    # A dim is kept when its uniform rank within its column is below `nonzero`: exactly `nonzero` per column.
+    rank = jnp.argsort(jnp.argsort(jax.random.uniform(k_dims, shape), axis=0), axis=0)
+    signs = jax.random.rademacher(k_values, shape, jnp.float32)
+    return SimHash(jnp.where(rank < nonzero, signs, 0.0))
+
+
+@FAMILIES.register("simhash")
+class SimHash(NamedTuple):
+    """planes: float32 [dim, num_tables, num_hashes]; Gaussian entries (density 1) or exactly
+    round(density * dim) entries of +-1 per (table, bit) column and zeros elsewhere (density < 1)."""
+
+    planes: jax.Array
+
+    @staticmethod
+    def init(key: jax.Array, dim: int, num_hashes: int, num_tables: int, density: float = 1.0) -> SimHash:
+        """Draws `num_tables` x `num_hashes` hyperplanes for `dim`-dimensional inputs (density: see module)."""
+        return _init(key, dim, num_hashes, num_tables, density)
+
+    @property
+    def num_tables(self) -> int:
+        return self.planes.shape[1]
+
+    @property
+    def num_buckets(self) -> int:
+        return 2 ** self.planes.shape[2]
+
+    def table_codes(self, x: jax.Array) -> jax.Array:
+        """int32 [L, n]: bit k of table l is <x, planes[:, l, k]> > 0.
+
+        Inputs are upcast to f32 (exact for bf16) so that vectors of different dtypes, e.g. f32 weights and
+        bf16 activations, are hashed by the same hyperplanes; HIGHEST precision keeps TF32 / bf16 passes out
+        of it. (A projection within float rounding of 0 could still flip its bit between two matmul shapes.)
+        """
+        if x.shape[1] != self.planes.shape[0]:
+            raise ValueError(f"inputs have dim {x.shape[1]} but the SimHash was drawn for dim {self.planes.shape[0]}")
+        _, tables, bits = self.planes.shape
+        # Rows per block: their f32 projections [rows, L * K] (2 MB) stay in a core's L2 cache.
+        return by_row_blocks(self._codes, x, tables, (1 << 21) // (4 * tables * bits))
+
+    def _codes(self, x: jax.Array) -> jax.Array:
+        bit_values = jnp.left_shift(1, jnp.arange(self.planes.shape[2], dtype=jnp.int32))
+        proj = jnp.einsum("nd,dlk->nlk", x.astype(jnp.float32), self.planes, precision=lax.Precision.HIGHEST)
+        return jnp.sum(jnp.where(proj > 0, bit_values, 0), axis=-1, dtype=jnp.int32).T

@@ -1,0 +1,79 @@
+"""The sweep report: do the set-ups of a sweep train to different results, and where do their paths part?
+
+    python -m hwrepro.study.report DIR [--metric test_loss] [--reference 'precision=fp32,isa=AVX512,threads=2']
+
+reads DIR/sweep.json and each point's run folder (hwrepro.study.sweep writes them) and writes DIR/report.md with
+PNG plots next to it. A *configuration* is a set-up: the points that differ only in their repeat fields
+(`group_over`, default the seed). The report gives, per configuration, the final metric over seeds and its
+difference from a reference configuration (Welch's t-test, Hedges' g); which runs ended bit-identical
+(param_sha256); mean loss curves; the divergence of runs that share a seed (same initial parameters and data
+order) from the reference run of that seed, over the checkpoints of trajectory.npz and the logged losses; and
+the Hessian's extreme eigenvalues at checkpoints (the saddle-point diagnostic). Points that failed, were
+skipped or have not run are listed, never dropped silently.
+
+numpy, scipy and matplotlib (Agg) only: no JAX, so a report can be rebuilt anywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from hwrepro.study.report.analysis import (PLOTS, REPORT_FILE, Analysis, HessianPoint, ReportError, Sweep, analyse,
+                                           hash_groups, hessian_by_configuration, load, summarize_divergences,
+                                           values_by_configuration)
+from hwrepro.study.report.figures import time_to_accuracy, write_plots
+from hwrepro.study.report.markdown import render
+
+__all__ = ["PLOTS", "REPORT_FILE", "Analysis", "HessianPoint", "ReportError", "Sweep", "analyse", "hash_groups", "hessian_by_configuration", "load",
+           "render", "summarize_divergences", "time_to_accuracy", "values_by_configuration", "write_plots",
+           "write_report"]
+
+
+def write_report(workdir: Path, metric: str | None = None, reference: str | None = None,
+                 curve_key: str | None = None) -> Path:
+    """Writes DIR/report.md and its PNGs; returns the report's path (arguments as for `analyse`)."""
+    workdir = Path(workdir)
+    sweep = load(workdir)
+    a = analyse(sweep, metric, reference, curve_key)
+    for name in PLOTS.values():  # a plot with no data this time must not survive from an earlier report
+        (workdir / name).unlink(missing_ok=True)
+    plots = write_plots(sweep, workdir, a)
+    path = workdir / REPORT_FILE
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(render(sweep, a, plots))
+    tmp.replace(path)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m hwrepro.study.report",
+        description="Write DIR/report.md and PNGs for a finished (or partial) sweep; or, with --time-to-accuracy, "
+                    "plot a metric against training time and epochs for several runs.")
+    parser.add_argument("paths", nargs="+", metavar="DIR", help="the sweep folder (holds sweep.json); with "
+                        "--time-to-accuracy, run folders (each holds metrics.jsonl)")
+    parser.add_argument("--metric", help="final.json entry to compare (default: report.metric or test_loss); "
+                        "with --time-to-accuracy, the metrics.jsonl entry (default eval_P@1)")
+    parser.add_argument("--reference", help="reference configuration name (default: report.reference)")
+    parser.add_argument("--curve", help="metrics.jsonl entry for curves (default: report.curve or loss)")
+    parser.add_argument("--time-to-accuracy", metavar="OUT.png", help="write this time-to-accuracy plot instead")
+    args = parser.parse_args(argv)
+    if args.time_to_accuracy:
+        missing = [d for d in args.paths if not (Path(d) / "metrics.jsonl").exists()]
+        if missing:
+            print(f"error: no metrics.jsonl in {', '.join(missing)}", file=sys.stderr)
+            return 2
+        print(time_to_accuracy(args.paths, Path(args.time_to_accuracy), args.metric or "eval_P@1"))
+        return 0
+    if len(args.paths) != 1:
+        print("error: a sweep report takes one sweep folder", file=sys.stderr)
+        return 2
+    try:
+        path = write_report(Path(args.paths[0]), args.metric, args.reference, args.curve)
+    except ReportError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"report: {path}")
+    return 0
