@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The GPU measurements as one script for a short GPU lease (about 8 minutes with the machine's start), run
-# from the repository root:
+# The GPU measurements as one script for a short GPU lease (about BENCH_SECONDS + SWEEP_SECONDS, 8 minutes
+# by default, plus the machine's start), run from the repository root:
 #   bash benchmarks/gpu_check.sh OUTDIR
 # 1. the SLIDE step benchmark on the GPU (dense, sampled, LSH at Amazon-670K shape, fp32 and bf16);
 # 2. configs/sweep_autoencoder_gpu.py (the GPU half of the CPU-versus-GPU autoencoder sweep), cut at

@@ -34,21 +34,21 @@ def slide_config(dataset: str, method: str) -> ml_collections.ConfigDict:
     c.model.hidden = 128              # SLIDE's Amazon-670K hidden layer
     # Active output neurons per batch. SLIDE: sparsity 0.005, ~3,350 per example, chosen per example; here one
     # batch-shared set (an XLA-friendly gather + matmul), 8,192 rows per batch of 128. Fewer rows gave both
-    # SLIDE and sampled softmax higher one-epoch P@1 (0.24-0.26 at 1,024; the sweep in docs/benchmarks.md),
-    # but left SLIDE's tables little to choose; 8,192 stays, chosen before that sweep.
+    # SLIDE and sampled softmax a higher one-epoch P@1 but left SLIDE's tables little to choose (the sweep in
+    # docs/benchmarks.md, "Candidate-set size"); 8,192 stays, chosen before that sweep.
     c.model.candidate_mode = "shared"  # shared | per_example (SLIDE's own)
     c.model.num_candidates = 8192
     c.model.bucket_capacity = 16      # ids read per hit bucket; SLIDE's bucket size, 128, did no better in one
-                                      # epoch with DWTA tables (P@1 0.1637 vs 0.1646; docs/benchmarks.md)
+                                      # epoch with DWTA tables (docs/benchmarks.md, "Candidate-set size")
     c.model.min_count = 2             # SLIDE's "sampling" mode threshold: ids retrieved at least twice
     c.model.sampler = "uniform"       # random fill / sampled-softmax negatives: uniform | log_uniform
 
     c.lsh = ml_collections.ConfigDict()
     # SLIDE's Amazon-670K tables are DWTA, K = 6, L = 50 (--config.lsh.kind=dwta --config.lsh.num_hashes=6
     # --config.lsh.num_tables=50). Here SimHash, K = 16 bits, L = 25: DWTA's negatives were hardly harder than
-    # uniform ones and SLIDE ended its epoch level with sampled softmax (P@1 0.1649 vs 0.1656); with SimHash
-    # it is ahead (0.1708 and 0.1762 in two seeds vs 0.1656 and 0.1653). L = 50 finds harder negatives still
-    # but doubles the rebuild time. Measured at Amazon-670K's shape ("Which hash" in docs/benchmarks.md).
+    # uniform ones and SLIDE ended its epoch level with sampled softmax; with SimHash it is ahead in P@1. L = 50
+    # finds harder negatives still but doubles the rebuilds. Measured at Amazon-670K's shape ("Which hash" in
+    # docs/benchmarks.md).
     c.lsh.kind = "simhash"            # a hash family of hwrepro/sparse/hashes/: simhash | dwta | yours
     c.lsh.num_hashes = 16             # K: simhash bits per table (2^16 buckets); dwta hashes of log2(bin_size) bits
     c.lsh.num_tables = 25             # L
@@ -62,7 +62,7 @@ def slide_config(dataset: str, method: str) -> ml_collections.ConfigDict:
 
     c.train.batch_size = 128          # SLIDE's code; its paper used 256 for Amazon-670K
     # SLIDE: Adam, lr 1e-4, beta1 0.9, beta2 0.999, eps 1e-8, over 10 epochs. For the one-epoch comparison
-    # 1e-3: measured P@1 on the eval subset after 1,000 steps, 0.010 at 1e-4 vs 0.035 at 1e-3.
+    # 1e-3: 1e-4 learnt far less in the first 1,000 steps (docs/benchmarks.md, "One epoch of each method").
     c.train.learning_rate = 1e-3
     c.train.num_epochs = 1            # SLIDE ran 10; one epoch is the time-to-accuracy comparison here
     c.train.log_every = 100

@@ -5,8 +5,8 @@
 CPU set-ups: precision {fp32, bf16} x XLA ISA cap {AVX2, AVX512} x threads {1, 2}, each with 3 seeds (24 runs).
 GPU set-ups (run where a GPU is present, recorded as skipped elsewhere): XLA deterministic ops on/off (the
 analogue of the study's cuDNN on/off) x autotuning on/off x matmul precision default/highest, 3 seeds each.
-Each run is autoencoder_mnist's 10 epochs (2,340 steps of batch 256); on the shared 2-core machine a 5-epoch
-point took 15-23 s, so the 24 CPU runs fit well within 40 minutes.
+Each run is autoencoder_mnist's 10 epochs (2,340 steps of batch 256); the 24 CPU runs fit within 40 minutes
+on 2 shared cores (the sweep's time: docs/results.md).
 """
 
 import ml_collections

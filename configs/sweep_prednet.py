@@ -6,11 +6,10 @@ The set-ups of configs/sweep_autoencoder.py (CPU: precision {fp32, bf16} x ISA c
 {1, 2}; GPU: deterministic ops x autotuning x matmul precision; 3 seeds each) on prednet_small (synthetic
 bouncing squares). It compares set-ups after the same number of steps, as the study did, not converged models.
 
-Sized for 40 minutes on the shared 2-core machine, where one 1-thread point of 40 steps took 134 s: about 30 s
-to start and compile, 20 s to train, and about 70 s for the Hessian at the first checkpoint (compiling Lanczos
-through the ConvLSTM). So only seed 0 of each set-up estimates the Hessian; seeds 1 and 2 keep parameter
-checkpoints only. The Hessian is read-only, so it changes no bits of training, and `train.hessian_iters` is
-a repeat field like the seed: it does not split set-ups in the report.
+Sized for 40 minutes on 2 shared cores (the sweep's time: docs/results.md), where the Hessian estimate takes
+longer than training a point (compiling Lanczos through the ConvLSTM). So only seed 0 of each set-up estimates
+the Hessian; seeds 1 and 2 keep parameter checkpoints only. The Hessian is read-only, so it changes no bits of
+training, and `train.hessian_iters` is a repeat field like the seed: it does not split set-ups in the report.
 """
 
 import ml_collections

@@ -197,9 +197,8 @@ class PredNet(nn.Module):
     extrapolation); None = always the true frame. Defaults are the reference KITTI model.
     unroll: time steps per iteration of the scan's loop; None = all of them. The time loop is always
     `nn.scan` (lax.scan), but fully unrolled by default because XLA:CPU runs convolutions inside a while
-    loop's body several times slower, backward passes most (measured on this project's CPU, small config,
-    batch 16, nt 8: gradient 3.27 s with the loop, 1.35 s unrolling 2 steps, 0.12 s fully unrolled). A loop
-    (unroll=1) compiles faster: use it for long clips or on GPU.
+    loop's body several times slower, backward passes most (timings: docs/prednet.md, "The time loop"). A
+    loop (unroll=1) compiles faster: use it for long clips or on GPU.
     """
 
     stack_sizes: tuple[int, ...] = (3, 48, 96, 192)

@@ -34,8 +34,7 @@ def uniform_by_id(key: jax.Array, ids: jax.Array) -> jax.Array:
     """float32 in [0, 1), shaped like ids: an integer hash (lowbias32) of each id mixed with one random word.
 
     The same id gets the same number wherever it appears in one step (one word from `key`). Random enough to
-    break ties, and 12-15x cheaper than threefry draws (0.4 against 4.9-6.1 ms for 670,092 ids on 2 cores,
-    scratch timing under load).
+    break ties, and far cheaper than threefry draws on a CPU.
     """
     x = ids.astype(jnp.uint32) ^ jax.random.bits(key, (), jnp.uint32)
     for shift, multiplier in ((16, 0x7FEB352D), (15, 0x846CA68B)):
@@ -59,8 +58,9 @@ def batch_shared_candidates(
     batch and tables (SLIDE's "sampling" mode, threshold 2), most often retrieved first (ties at the cut
     broken at random), then M random ids (uniform or log-uniform) to fill up. Priorities are kept in a float32
     [num_labels + 1] array (padding id N lands in the last slot), but the top_k runs over the listed ids
-    only (labels, retrieved, drawn; each id at its first listing): XLA:CPU's single-threaded top_k of
-    8,192 over all 670,091 labels took 4.2 ms, over the ~60,000 listed ids 0.8 ms (scratch timing on 2 cores).
+    only (labels, retrieved, drawn; each id at its first listing): XLA:CPU's top_k is single-threaded and
+    its cost grows with the row length, so one over all 670,091 labels costs several times one over the
+    ~60,000 listed ids (docs/benchmarks.md, "Why the step misses its arithmetic floor").
 
     Args:
       labels: int32 [B, Lmax], padded with num_labels.

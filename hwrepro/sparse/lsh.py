@@ -95,8 +95,8 @@ def build_tables(fn: HashFn, weights: Array, key: Array, *, host_sort: bool | No
 
     weights: float [N, dim]; key: a PRNG key for the random order inside buckets.
     host_sort: group with NumPy through a callback instead of XLA (same result, bit for bit: the sort keys
-        are unique). Default: on the CPU backend, where XLA's sort is most of the build's time (Amazon-670K's
-        DWTA tables on this project's 2-core CPU: 3.8 s with XLA's sort, 1.2 s with NumPy's AVX-512 sort).
+        are unique). Default: on the CPU backend, where XLA's sort is most of the build's time and NumPy's
+        vectorised sort is several times faster (rebuild times: docs/benchmarks.md).
     Returns Tables(ids int32 [L, N], starts int32 [L, num_buckets + 1]).
     """
     if host_sort is None:
@@ -125,9 +125,9 @@ def _sort_key_parts(bucket_codes: Array, buckets: int, key: Array) -> tuple[Arra
 
     Returns the noise (uint32 [L, N], `rand_bits` random bits each, the in-bucket order), id_bits, rand_bits.
     Sorting one primitive array takes XLA:CPU's std::sort path; an argsort (a payload operand) or a second
-    sort key instead calls a compiled comparator per comparison, 4-5x slower; the id is read back from the
-    key's low bits. Bucket starts come from a histogram (or bincount), not from a searchsorted of 2**18 + 1
-    boundaries, which costs more than the histogram's scatter-add on CPU.
+    sort key instead calls a compiled comparator per comparison, several times slower; the id is read back
+    from the key's low bits. Bucket starts come from a histogram (or bincount), not from a searchsorted of
+    2**18 + 1 boundaries, which costs more than the histogram's scatter-add on CPU.
     """
     n = bucket_codes.shape[1]
     if n >= 2**31:
@@ -141,8 +141,8 @@ def _sort_key_parts(bucket_codes: Array, buckets: int, key: Array) -> tuple[Arra
 def _keyed_mix(key: Array, shape: tuple[int, int]) -> Array:
     """uint32 [rows, n]: per row, a random bijection of the column indices.
 
-    murmur3's 32-bit finalizer of (index xor a random seed per row): fully avalanching, and 10x cheaper on
-    CPU than L * N threefry bits (1.1 s at Amazon-670K's size, twice NumPy's whole sort).
+    murmur3's 32-bit finalizer of (index xor a random seed per row): fully avalanching, and far cheaper on
+    CPU than L * N threefry bits, which at Amazon-670K's size would cost more than NumPy's whole sort.
     """
     h = lax.broadcasted_iota(jnp.uint32, shape, 1) ^ jax.random.bits(key, (shape[0], 1), jnp.uint32)
     h ^= h >> 16
@@ -177,7 +177,7 @@ def _host_group_by_bucket(
         packed.sort()
         packed &= u64((1 << id_bits) - 1)
         ids[row] = packed
-        # An int64 cumsum then a copy: 4x faster than a cumsum that casts as it writes into int32.
+        # An int64 cumsum then a copy: faster than a cumsum that casts as it writes into int32.
         starts[row][1:] = np.cumsum(np.bincount(bucket_codes[row], minlength=buckets))
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1  # numerics.threads holds

@@ -9,7 +9,8 @@ cost is proportional to the number of touched rows, not to the table size.
 
 A bfloat16 table is kept as its bit patterns in a uint16 array (`to_storage` / `from_storage`): XLA:CPU
 scatters rows into a uint16 table in place, but converts a whole bfloat16 table around a scatter (a copy of
-the table per update, which made bf16 storage 4x slower than float32 at Amazon-670K's size).
+the table per update, which made bf16 storage much slower than float32 at Amazon-670K's size; see
+docs/benchmarks.md, "bf16, ISA cap, huge pages, freed-memory reuse").
 
 Semantics are those of TF's LazyAdam and PyTorch's SparseAdam: the moments of an untouched row do not decay,
 and bias correction uses the global step count (incremented once per update). With the same rows touched every
