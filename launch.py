@@ -5,10 +5,12 @@ Flags only; the work happens in hwrepro.harness.launcher. JAX is not imported he
 """
 
 import ast
+import difflib
 import re
 import sys
 from pathlib import Path
 
+import ml_collections
 from absl import app, flags
 from ml_collections import config_flags
 
@@ -73,23 +75,47 @@ def parse_flags(argv: list[str]) -> list[str]:
         print(usage())
         sys.exit(0)
     try:
-        return flags.FLAGS(argv)
+        rest = flags.FLAGS(argv)
     except flags.Error as e:
         message = str(e)
-    except (AttributeError, KeyError) as e:
-        # ml_collections raises these for an override naming a field the config does not have.
-        text = str(e).replace("\\", "")
-        names = re.findall(r"'(\w+)'", text)
-        missing = names[0] if names else "?"
-        hint = re.search(r'Did you mean "(\w+)"', text)
-        culprits = [a.split("=")[0] for a in argv[1:] if a.startswith("--config.")
-                    and missing in a.split("=")[0].split(".")]
-        message = (f"{culprits[0] if culprits else 'a --config override'}: the config has no field {missing!r}"
-                   + (f" (did you mean {hint.group(1)!r}?)" if hint else ""))
-    except Exception as e:  # the config file itself failed to load (syntax error, bad import, ...)
-        message = f"cannot load the config: {type(e).__name__}: {e}"
+    except Exception as e:  # ml_collections' error for an unknown field, or the config file failed to load
+        message = explain_config_error(argv) or f"cannot load the config: {type(e).__name__}: {e}"
+    else:
+        if len(rest) == 1:
+            return rest
+        message = f"unexpected argument(s): {' '.join(rest[1:])} (flags are --name=value; see --help)"
     print(f"error: {message}", file=sys.stderr)
     sys.exit(2)
+
+
+def explain_config_error(argv: list[str]) -> str | None:
+    """One line naming what is wrong with --config=FILE or a --config.a.b=value override, or None."""
+    from hwrepro.harness.config import load_config_file
+
+    path = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
+    if path is None:
+        return None
+    try:
+        config = load_config_file(path)
+    except AttributeError as e:
+        return f"cannot load --config={path}: {e}" if "get_config" in str(e) else None
+    except Exception:  # noqa: BLE001 -- the generic message says what the loader raised
+        return None
+    for arg in argv[1:]:
+        if not arg.startswith("--config."):
+            continue
+        field = arg[len("--config."):].split("=", 1)[0]
+        node, walked = config, []
+        for part in field.split("."):
+            where = ".".join(walked) or "the config"
+            if not isinstance(node, ml_collections.ConfigDict):
+                return f"--config.{field}: {where} is a {type(node).__name__} ({node!r}), not a group of fields"
+            if part not in node:
+                close = difflib.get_close_matches(part, list(node.keys()), n=1)
+                return (f"--config.{field}: {where} has no field {part!r}"
+                        + (f" (did you mean {close[0]!r}?)" if close else ""))
+            node, walked = node[part], walked + [part]
+    return None
 
 
 def config_path() -> str:
@@ -97,8 +123,6 @@ def config_path() -> str:
 
 
 def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     from hwrepro.harness import launcher, runner
 
     try:

@@ -22,5 +22,9 @@ class DataError(HwreproError, ValueError):
         return cls(f"{os.fspath(path)}:{line}: {problem}")
 
 
+class RunFailed(Exception):
+    """The run failed for a reason the user reads as is (a diverged loss, a full disk): exit code 1, one line."""
+
+
 class PlatformUnavailable(HwreproError):
     """The config asks for a platform (e.g. gpu) this machine does not have; sweeps record it as skipped."""

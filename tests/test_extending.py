@@ -66,6 +66,7 @@ def test_toy_hash_family_builds_tables_by_its_codes():
             assert set(members) == set(np.flatnonzero(codes[:, table] == bucket))
 
 
+@pytest.mark.slow
 def test_toy_hash_family_and_data_set_train_slide_by_config_name(tmp_path):
     from configs.slide_amazon import slide_config
 

@@ -10,6 +10,9 @@ from jax.flatten_util import ravel_pytree
 
 from hwrepro.study import hessian
 
+# Compiling is most of these tests' time and none checks bits or numerics of the optimized code.
+pytestmark = pytest.mark.usefixtures("unoptimized_module")
+
 # Symmetric and indefinite (eigenvalues on both sides of 0), with a coupling between all blocks.
 A = np.array([
     [2.0, 1.0, 0.0, 0.0, 0.0, 0.0],

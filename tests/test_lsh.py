@@ -11,6 +11,9 @@ import pytest
 from hwrepro.sparse import lsh
 from hwrepro.sparse.hashes import dwta, simhash
 
+# Compiling is most of these tests' time and none checks bits or numerics of the optimized code.
+pytestmark = pytest.mark.usefixtures("unoptimized_module")
+
 N, DIM = 500, 16  # neurons and their dimension in the table tests
 
 

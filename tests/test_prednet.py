@@ -17,6 +17,10 @@ from hwrepro.models.convlstm import ConvLSTMCell, ConvLSTMState, hard_sigmoid
 from hwrepro.models.predictive_coding import (PredNet, PredNetOutput, layer_loss_weights, param_count,
                                     reference_param_count, time_loss_weights, weighted_error_loss)
 
+# Compiling is most of these tests' time and none checks bits or numerics of the optimized code, except those
+# that take `optimized`.
+pytestmark = pytest.mark.usefixtures("unoptimized_module")
+
 REPO = Path(__file__).resolve().parent.parent
 TINY = dict(stack_sizes=(2, 3), R_stack_sizes=(3, 4), A_filt_sizes=(3,), Ahat_filt_sizes=(3, 1),
             R_filt_sizes=(3, 3))          # 2 layers, mixed filter sizes, R sizes != stack sizes
@@ -201,7 +205,7 @@ def test_output_shapes_for_every_mode():
         jax.eval_shape(lambda: PredNet(**TINY3).init(jax.random.key(0), jnp.zeros((1, 2, 8, 8, 3))))
 
 
-def test_bf16_activations_track_fp32():
+def test_bf16_activations_track_fp32(optimized):
     frames = frames_for(TINY)
     params = random_params(TINY)
     high = apply(PredNet(**TINY, output_mode="all"), params, frames)
@@ -264,14 +268,15 @@ def test_kitti_parameter_count_equals_reference():
     assert param_count(shapes["params"]) == 6_915_948
 
 
-def test_same_seed_gives_identical_parameters_and_steps():
+def test_same_seed_gives_identical_parameters_and_steps(optimized):
     """The experiment's own init (twice with seed 0, once with seed 1) and training step (twice from the
     same state, on separate buffers: the step donates its input)."""
     config = load_config("prednet_small")
     config.data.image_size = (H, W)
-    config.model.update(TINY3)
-    frames = jnp.asarray(frames_for(TINY3))
-    lw, tw = jnp.asarray(layer_loss_weights("L_0", 3)), jnp.asarray(time_loss_weights(NT))
+    config.model.update(TINY)  # 2 layers: the optimized init and step compile faster than with TINY3
+    config.data.channels = TINY["stack_sizes"][0]
+    frames = jnp.asarray(frames_for(TINY))
+    lw, tw = jnp.asarray(layer_loss_weights("L_0", 2)), jnp.asarray(time_loss_weights(NT))
     state = experiment.create_state(config, jax.random.key(0), num_steps=10)
     init = jax.tree_util.tree_map(np.asarray, state.params)
     again = experiment.create_state(config, jax.random.key(0), num_steps=10).params
@@ -318,6 +323,7 @@ def test_ssim_against_numpy_and_identity():
 
 # ------------------------------------------------------------------------------------------- experiment
 
+@pytest.mark.slow
 def test_small_config_beats_copy_last_frame(tmp_path):
     """The experiment end to end (runner, record, PNG strip) on the small config, shortened."""
     from hwrepro.harness import runner

@@ -1,6 +1,8 @@
 """SLIDE's sparse training core: sparse paths against dense references, row-sparse Adam against optax, and
 the three training methods on a tiny learnable problem."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,10 +14,19 @@ from hwrepro.sparse import candidates
 from hwrepro.sparse import sparse_adam
 from hwrepro.models import sparse_layers as model
 
+# Compiling is most of these tests' time and none checks bits or numerics of the optimized code, except those
+# that take `optimized`.
+pytestmark = pytest.mark.usefixtures("unoptimized_module")
+
 NF, N, H = 50, 300, 16  # features, labels, hidden
 B, F, LMAX = 32, 4, 4  # batch, active features and labels per example
 M = 160  # shared candidates: more than the B * LMAX label slots, so every true label fits
 TINY_LSH = sparse.LshSpec(kind="dwta", num_hashes=2, num_tables=8, options=(("bin_size", 4),))
+
+# The candidate selections compiled whole, as the training step runs them, once per shape and shared by the
+# tests (called eagerly, each of their primitives would be compiled on its own).
+batch_shared_candidates = jax.jit(sparse.batch_shared_candidates, static_argnums=(3, 4, 5, 6))
+per_example_candidates = jax.jit(sparse.per_example_candidates, static_argnums=(3, 4, 5))
 
 
 def random_batch(rng: np.random.Generator, b: int = B) -> dict:
@@ -99,8 +110,9 @@ def test_sparse_gradient_equals_dense_gradient_when_candidates_cover_all(params,
     w, b = params["output"]["weight"], params["output"]["bias"]
     perm = jnp.asarray(np.random.default_rng(2).permutation(N), jnp.int32)  # all neurons, shuffled
     mask = jnp.ones(N, bool)
-    targets = candidates.shared_targets(jnp.asarray(batch["labels"]), perm, N)
-    feat_rows, inv = jnp.unique(batch["feat_ids"].ravel(), size=B * F, fill_value=NF, return_inverse=True)
+    targets = jax.jit(candidates.shared_targets, static_argnums=2)(jnp.asarray(batch["labels"]), perm, N)
+    unique = jax.jit(functools.partial(jnp.unique, size=B * F, fill_value=NF, return_inverse=True))
+    feat_rows, inv = unique(batch["feat_ids"].ravel())
     inv = inv.reshape(B, F)
 
     def sparse_loss(e_rows, b1_, w_rows, b_rows):
@@ -111,9 +123,9 @@ def test_sparse_gradient_equals_dense_gradient_when_candidates_cover_all(params,
         h = model.sparse_hidden(e_, b1_, batch["feat_ids"], batch["feat_vals"])
         return model.softmax_xent(model.output_logits(w_, b_, h), model.label_targets(batch["labels"], N))
 
-    g_sparse = jax.grad(sparse_loss, argnums=(0, 1, 2, 3))(model.gather_rows(e, feat_rows), b1,
-                                                            model.gather_rows(w, perm), model.gather_rows(b, perm))
-    g_dense = jax.grad(dense_loss, argnums=(0, 1, 2, 3))(e, b1, w, b)
+    g_sparse = jax.jit(jax.grad(sparse_loss, argnums=(0, 1, 2, 3)))(
+        model.gather_rows(e, feat_rows), b1, model.gather_rows(w, perm), model.gather_rows(b, perm))
+    g_dense = jax.jit(jax.grad(dense_loss, argnums=(0, 1, 2, 3)))(e, b1, w, b)
     assert float(jnp.abs(g_dense[2]).max()) > 1e-4
     np.testing.assert_allclose(g_sparse[2], g_dense[2][perm], rtol=1e-4, atol=1e-7)
     np.testing.assert_allclose(g_sparse[3], g_dense[3][perm], rtol=1e-4, atol=1e-7)
@@ -124,11 +136,11 @@ def test_sparse_gradient_equals_dense_gradient_when_candidates_cover_all(params,
     # SLIDE's gradient at the logits: (p - t) / B.
     z = model.output_logits(w, b, model.sparse_hidden(e, b1, batch["feat_ids"], batch["feat_vals"]))
     t = model.label_targets(batch["labels"], N)
-    g_z = jax.grad(lambda z_: model.softmax_xent(z_, t))(z)
+    g_z = jax.jit(jax.grad(lambda z_: model.softmax_xent(z_, t)))(z)
     np.testing.assert_allclose(g_z, (jax.nn.softmax(z) - t) / B, rtol=1e-5, atol=1e-8)
 
 
-def test_row_adam_equals_optax_on_touched_rows_and_leaves_others_bit_identical():
+def test_row_adam_equals_optax_on_touched_rows_and_leaves_others_bit_identical(optimized):
     rng = np.random.default_rng(3)
     table = jnp.asarray(rng.normal(size=(12, 5)), jnp.float32)
     rows = jnp.array([2, 7, 5, 12, 12], jnp.int32)  # two padding ids (>= 12)
@@ -157,9 +169,8 @@ def test_batch_shared_candidates_contain_labels_are_unique_and_fixed_size(batch)
     labels = jnp.asarray(batch["labels"])
     retrieved = rng.integers(0, N + 1, (B, 8, 3)).astype(np.int32)
     retrieved[0, :3, 0] = 250  # retrieved 3 times: must be kept
-    select = jax.jit(sparse.batch_shared_candidates, static_argnums=(3, 4, 5, 6))
     for sampler in sparse.SAMPLERS:
-        ids, mask = select(labels, jnp.asarray(retrieved), jax.random.PRNGKey(1), M, N, 2, sampler)
+        ids, mask = batch_shared_candidates(labels, jnp.asarray(retrieved), jax.random.PRNGKey(1), M, N, 2, sampler)
         ids, mask = np.asarray(ids), np.asarray(mask)
         assert ids.shape == (M,) and mask.shape == (M,)
         real = ids[mask]
@@ -168,7 +179,7 @@ def test_batch_shared_candidates_contain_labels_are_unique_and_fixed_size(batch)
         assert set(batch["labels"][batch["labels"] < N].tolist()) <= set(real.tolist())
         assert 250 in real
         assert mask.sum() > 0.8 * M  # the random fill filled most of the rest
-    per_ids, per_mask = sparse.per_example_candidates(labels, jnp.asarray(retrieved.reshape(B, -1)),
+    per_ids, per_mask = per_example_candidates(labels, jnp.asarray(retrieved.reshape(B, -1)),
                                                      jax.random.PRNGKey(2), 16, N)
     for row, m_row, lab in zip(np.asarray(per_ids), np.asarray(per_mask), batch["labels"]):
         assert len(np.unique(row[m_row])) == m_row.sum() and set(lab[lab < N].tolist()) <= set(row[m_row].tolist())
@@ -180,8 +191,8 @@ def test_per_example_candidates_rank_labels_then_retrieved_then_fill(num_labels)
     labels = rng.integers(0, 40, (6, 3)).astype(np.int32)
     labels[0, 1:] = num_labels  # padding
     retrieved = rng.integers(0, 40, (6, 10)).astype(np.int32)
-    ids, mask = sparse.per_example_candidates(jnp.asarray(labels), jnp.asarray(retrieved), jax.random.PRNGKey(3),
-                                             12, num_labels)
+    ids, mask = per_example_candidates(jnp.asarray(labels), jnp.asarray(retrieved), jax.random.PRNGKey(3), 12,
+                                       num_labels)
     for row, m_row, lab, ret in zip(np.asarray(ids), np.asarray(mask), labels, retrieved):
         real = row[m_row]
         assert m_row.sum() == 12 and len(np.unique(real)) == 12 and np.all(row[~m_row] == num_labels)
@@ -197,13 +208,12 @@ def test_random_fill_that_fits_is_spread_over_all_ids():
     rng = np.random.default_rng(6)
     labels = jnp.full((4, 2), n, jnp.int32)
     retrieved = jnp.asarray(np.repeat(np.arange(600), 2), jnp.int32)  # 600 ids twice: kept, 400 slots left
-    ids, mask = sparse.batch_shared_candidates(labels, retrieved, jax.random.PRNGKey(7), 1000, n)
+    ids, mask = batch_shared_candidates(labels, retrieved, jax.random.PRNGKey(7), 1000, n)
     fill = np.asarray(ids)[np.asarray(mask) & (np.asarray(ids) >= 600)]
     assert len(fill) > 350 and 3500 < np.median(fill) < 6500 and fill.max() > 9000
     # Per example: 20 retrieved ids, 30 slots left for 50 draws, in each of 64 rows.
     retrieved = jnp.asarray(rng.integers(0, 20, (64, 20)), jnp.int32)
-    ids, mask = sparse.per_example_candidates(jnp.full((64, 2), n, jnp.int32), retrieved, jax.random.PRNGKey(8),
-                                             50, n)
+    ids, mask = per_example_candidates(jnp.full((64, 2), n, jnp.int32), retrieved, jax.random.PRNGKey(8), 50, n)
     fill = np.asarray(ids)[np.asarray(mask) & (np.asarray(ids) >= 20)]
     assert len(fill) > 64 * 25 and 0.4 < np.mean(fill > n // 2) < 0.6
 
@@ -214,20 +224,21 @@ def test_retrieved_ids_tied_at_the_cut_are_a_random_subset():
     n = 10_000
     twice = np.arange(0, n, 2)[:3000]
     retrieved = jnp.asarray(np.concatenate([twice, twice, np.arange(1, 4001, 2)]), jnp.int32)
-    ids, mask = sparse.batch_shared_candidates(jnp.full((4, 2), n, jnp.int32), retrieved, jax.random.PRNGKey(9),
-                                              1000, n, min_count=1)
+    ids, mask = batch_shared_candidates(jnp.full((4, 2), n, jnp.int32), retrieved, jax.random.PRNGKey(9), 1000, n,
+                                        min_count=1)
     kept = np.asarray(ids)[np.asarray(mask)]
     assert len(kept) == 1000 and np.all(kept % 2 == 0)
     assert 2000 < np.median(kept) < 4000 and kept.max() > 5600
-    again, _ = sparse.batch_shared_candidates(jnp.full((4, 2), n, jnp.int32), retrieved, jax.random.PRNGKey(10),
-                                             1000, n, min_count=1)
+    again, _ = batch_shared_candidates(jnp.full((4, 2), n, jnp.int32), retrieved, jax.random.PRNGKey(10), 1000, n,
+                                       min_count=1)
     assert 100 < len(np.setdiff1d(kept, np.asarray(again))) < 900
 
 
-def full_array_selection(labels, retrieved, key, num_candidates, num_labels, min_count, sampler):
+@functools.partial(jax.jit, static_argnums=(3, 4, 5, 6))
+def full_array_top_k(labels, retrieved, key, num_candidates, num_labels, min_count, sampler):
     """The selection's definition, written over every label id: priorities in one [N + 1] array, one top_k
     over all of it (what batch_shared_candidates did before it listed the ids; that top_k was 5x slower at 670k
-    labels)."""
+    labels). Returns the top_k's (priorities, ids)."""
     k_fill, k_order = jax.random.split(key)
     score = jnp.zeros(num_labels + 1).at[retrieved.ravel()].add(1.0)
     score = jnp.where(score >= min_count, score, 0.0).at[labels.ravel()].set(jnp.inf)
@@ -235,7 +246,12 @@ def full_array_selection(labels, retrieved, key, num_candidates, num_labels, min
                                                                    jnp.arange(num_labels + 1)), 0.0)
     fill = sparse.sample_labels(k_fill, (num_candidates,), num_labels, sampler)
     score = score.at[fill].max(jax.random.uniform(k_order, (num_candidates,), minval=0.25, maxval=0.75))
-    priority, ids = jax.lax.top_k(score[:num_labels], num_candidates)
+    return jax.lax.top_k(score[:num_labels], num_candidates)
+
+
+def full_array_selection(labels, retrieved, key, num_candidates, num_labels, min_count, sampler):
+    """The ids full_array_top_k selects, ascending, num_labels at the slots without a priority."""
+    priority, ids = full_array_top_k(labels, retrieved, key, num_candidates, num_labels, min_count, sampler)
     return np.sort(np.where(np.asarray(priority) > 0, np.asarray(ids), num_labels))
 
 
@@ -253,7 +269,7 @@ def test_batch_shared_candidates_equal_a_top_k_over_every_label(min_count, retri
     for sampler in sparse.SAMPLERS:
         for seed in range(3):
             key = jax.random.PRNGKey(seed)
-            ids, mask = sparse.batch_shared_candidates(labels, retrieved, key, m, n, min_count, sampler)
+            ids, mask = batch_shared_candidates(labels, retrieved, key, m, n, min_count, sampler)
             expected = full_array_selection(labels, retrieved, key, m, n, min_count, sampler)
             np.testing.assert_array_equal(np.asarray(ids), expected)
             np.testing.assert_array_equal(np.asarray(mask), expected < n)
@@ -281,7 +297,7 @@ STEPS = {
 }
 
 
-def test_embedding_and_output_rows_outside_the_batch_are_bit_identical(batch):
+def test_embedding_and_output_rows_outside_the_batch_are_bit_identical(optimized, batch):
     for name in ("sampled", "lsh"):
         state = sparse.init_state(jax.random.PRNGKey(5), NF, N, H, method=name, lsh_spec=TINY_LSH)
         e0 = np.asarray(state.params["input"]["embedding"])
@@ -348,7 +364,7 @@ def test_unique_rows_equals_jnp_unique(shape, num_rows, size):
     np.testing.assert_array_equal(np.asarray(rows)[np.asarray(inverse)], ids)
 
 
-def test_bf16_tables_are_stored_as_bits_and_updated_like_bf16_rows(batch):
+def test_bf16_tables_are_stored_as_bits_and_updated_like_bf16_rows(optimized, batch):
     # Row Adam on a uint16-stored bfloat16 table: the same values as on the bfloat16 table itself.
     rng = np.random.default_rng(12)
     table = jnp.asarray(rng.normal(size=(12, 5)), jnp.bfloat16)

@@ -6,8 +6,10 @@ import re
 import numpy as np
 import pytest
 
+from hwrepro import experiments
 from hwrepro.harness import runner
 from hwrepro.data import xc
+from hwrepro.errors import ConfigError
 
 
 def tiny_config(method="lsh", **data):
@@ -36,6 +38,7 @@ def lsh_run(tmp_path_factory):
     return workdir, runner.run_here(tiny_config("lsh"), workdir, quiet=True)
 
 
+@pytest.mark.slow
 def test_lsh_training_learns_and_records(lsh_run):
     workdir, final = lsh_run
     train = xc.synthetic("tiny", seed=0)[0]
@@ -51,6 +54,7 @@ def test_lsh_training_learns_and_records(lsh_run):
     assert all(r["train_seconds"] > 0 for r in rows)
 
 
+@pytest.mark.slow
 def test_same_seed_same_bits_for_lsh(lsh_run, tmp_path, capsys):
     _, final = lsh_run
     again = runner.run_here(tiny_config("lsh"), tmp_path / "again", quiet=True)
@@ -61,7 +65,7 @@ def test_same_seed_same_bits_for_lsh(lsh_run, tmp_path, capsys):
         assert re.search(rf"final eval, {scoring}\] batch (\d+)/\1 \(100%\)", err), err[-2000:]
 
 
-def test_reads_xc_files_from_data_dir(tmp_path):
+def test_reads_xc_files_from_data_dir(unoptimized, tmp_path):
     train, test = xc.synthetic("tiny", num_train=600, num_test=200, seed=1)
     folder = tmp_path / "data" / "tiny"
     folder.mkdir(parents=True)
@@ -75,6 +79,7 @@ def test_reads_xc_files_from_data_dir(tmp_path):
     assert run["data_details"]["num_train"] == 600 and final["steps"] == 600 // 128
 
 
+@pytest.mark.slow
 def test_bad_xc_file_fails_with_file_and_line(tmp_path, run_launch):
     folder = tmp_path / "tiny"
     folder.mkdir()
@@ -88,6 +93,7 @@ def test_bad_xc_file_fails_with_file_and_line(tmp_path, run_launch):
     assert json.loads((tmp_path / "run" / "run.json").read_text())["status"].startswith("failed:")
 
 
+@pytest.mark.slow
 def test_text8_word2vec_runs_on_a_small_synthetic_corpus(tmp_path):
     from configs.slide_text8 import get_config
 
@@ -105,18 +111,37 @@ def test_text8_word2vec_runs_on_a_small_synthetic_corpus(tmp_path):
     assert "synthetic" in json.loads((tmp_path / "w2v" / "run.json").read_text())["data_source"]
 
 
-@pytest.mark.parametrize("override, message", [
-    ("--config.model.method=fast", "model.method='fast' is not one of"),
-    ("--config.data.dataset=amazon", "data.dataset='amazon' is not a known data set (did you mean 'amazon670k'?)"),
-    ("--config.lsh.kind=simhsh", "lsh.kind='simhsh' is not a known hash family (did you mean 'simhash'?)"),
-    ("--config.model.num_candidates=0", "model.num_candidates=0 must be positive"),
-    ("--config.model.min_count=0", "model.min_count=0 must be positive"),
-])
-def test_bad_slide_values_are_one_line(run_launch, tmp_path, override, message):
-    p = run_launch("--config=configs/slide_amazon.py", override, f"--workdir={tmp_path / 'w'}")
+BAD_SLIDE_VALUES = [  # (field, value, what the error says)
+    ("model.method", "fast", "model.method='fast' is not one of"),
+    ("data.dataset", "amazon", "data.dataset='amazon' is not a known data set (did you mean 'amazon670k'?)"),
+    ("lsh.kind", "simhsh", "lsh.kind='simhsh' is not a known hash family (did you mean 'simhash'?)"),
+    ("model.num_candidates", 0, "model.num_candidates=0 must be positive"),
+    ("model.min_count", 0, "model.min_count=0 must be positive"),
+]
+
+
+# One launch in the fast tier (a launch is seconds); the test below checks every value's error in process.
+@pytest.mark.parametrize("field, value, message", [BAD_SLIDE_VALUES[0]] + [
+    pytest.param(*case, marks=pytest.mark.slow) for case in BAD_SLIDE_VALUES[1:]])
+def test_bad_slide_values_are_one_line(run_launch, tmp_path, field, value, message):
+    p = run_launch("--config=configs/slide_amazon.py", f"--config.{field}={value}", f"--workdir={tmp_path / 'w'}")
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and message in p.stderr, p.stderr
 
 
+@pytest.mark.parametrize("field, value, message", BAD_SLIDE_VALUES)
+def test_bad_slide_values_fail_validation(field, value, message):
+    from configs.slide_amazon import get_config
+
+    config = get_config()
+    group, name = field.split(".")
+    config[group][name] = value
+    runner.validate(config)  # the fields every experiment has are fine; the experiment's own checks are not
+    with pytest.raises(ConfigError) as error:
+        experiments.get(config.experiment).validate(config)
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+@pytest.mark.slow
 def test_p_at_1_plot_over_time_and_epochs(lsh_run, tmp_path):
     from hwrepro.study import report
     from hwrepro.study.report import figures
@@ -125,6 +150,20 @@ def test_p_at_1_plot_over_time_and_epochs(lsh_run, tmp_path):
     out = figures.time_to_accuracy([workdir], tmp_path / "p1.png")
     assert out.stat().st_size > 10_000  # two panels with a curve each (an empty figure is ~5 KB)
     assert report.main(["--time-to-accuracy", str(tmp_path / "p.png"), str(tmp_path / "nothing")]) == 2
+
+
+def test_p_at_1_plot_of_a_run_written_by_hand(tmp_path):
+    """The plot of the test above, from a run folder holding what a run writes for it."""
+    from hwrepro.study.report import figures
+
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    (workdir / "run.json").write_text(json.dumps({"name": "lsh_tiny"}))
+    rows = [{"step": s, "epoch": s / 40, "train_seconds": s / 8, "eval_P@1": p}
+            for s, p in ((40, 0.2), (80, 0.45), (120, 0.6), (160, 0.7))]
+    (workdir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = figures.time_to_accuracy([workdir], tmp_path / "p1.png")
+    assert out.stat().st_size > 10_000  # two panels with a curve each (an empty figure is ~5 KB)
 
 
 def test_more_candidates_than_labels_is_a_config_error(tmp_path):

@@ -33,6 +33,7 @@ def tiny_autoencoder_config(**train):
 # --- the launcher, as a user runs it ------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_launch_writes_the_four_records(run_launch, tmp_path):
     workdir = tmp_path / "run"
     p = run_launch(AE, f"--workdir={workdir}", *TINY, "--config.train.batch_size=64")
@@ -71,7 +72,8 @@ def test_finished_workdir_is_never_overwritten(run_launch, tmp_path):
 
 
 @pytest.mark.parametrize("override, expected", [
-    ("--config.train.bogus=3", "the config has no field 'bogus'"),
+    ("--config.train.bogus=3", "--config.train.bogus: train has no field 'bogus'"),
+    ("--config.train.batch_size.x=3", "train.batch_size is a int (256), not a group of fields"),
     ("--config.trian.batch_size=3", "did you mean 'train'"),
     ("--config.train.batch_size=abc", "invalid literal for int()"),
     ("--config.train.batch_size=0", "train.batch_size=0 must be positive"),
@@ -86,6 +88,7 @@ def test_bad_override_is_one_error_line(run_launch, tmp_path, override, expected
     assert not (tmp_path / "w" / "run.json").exists()
 
 
+@pytest.mark.slow
 def test_isa_cap_runs_in_its_own_process_and_is_recorded(run_launch, tmp_path):
     p = run_launch(AE, f"--workdir={tmp_path / 'avx2'}", *TINY, "--config.numerics.cpu_max_isa=AVX2",
                    "--config.numerics.threads=1", "--config.numerics.huge_pages=false")
@@ -112,6 +115,7 @@ def two_runs(tmp_path_factory):
     return a, b, c
 
 
+@pytest.mark.slow
 def test_same_config_and_seed_is_bit_identical(two_runs):
     a, b, c = two_runs
     assert a["param_sha256"] == b["param_sha256"]
@@ -151,12 +155,12 @@ def test_param_sha256_sees_every_bit_dtype_and_name():
 def test_prepare_moves_an_unfinished_run_aside(tmp_path):
     (tmp_path / "run.json").write_text(json.dumps({"status": "failed: x"}))
     (tmp_path / "metrics.jsonl").write_text("{}\n")
-    Run.prepare(tmp_path)
+    assert Run.prepare(tmp_path, {"seed": 0}) is False  # no checkpoint to resume from: a fresh start
     aside = [p for p in tmp_path.iterdir() if p.name.startswith("previous-")]
     assert len(aside) == 1 and (aside[0] / "run.json").exists() and not (tmp_path / "run.json").exists()
     (tmp_path / "run.json").write_text(json.dumps({"status": "done"}))
     with pytest.raises(WorkdirTaken):
-        Run.prepare(tmp_path)
+        Run.prepare(tmp_path, {"seed": 0})
 
 
 def test_xla_flags_follow_the_numerics_fields():

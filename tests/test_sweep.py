@@ -132,15 +132,17 @@ def tiny(tmp_path_factory):
                 config=config)
 
 
+@pytest.mark.slow
 def test_ctrl_c_records_the_running_point_as_interrupted(tiny):
     i = tiny["interrupted"]
     assert i["seen_running"], f"the first point never showed as running: {i['out']}\n{i['err']}"
     assert i["code"] != 0
-    assert i["status"] == "failed: interrupted"
+    assert i["status"].startswith("interrupted: SIGINT")  # the point's process recorded it itself
     assert "interrupted" in i["out"] and "rerun the same command to resume" in i["out"]
     assert i["others"] == []  # nothing after the interrupted point ran
 
 
+@pytest.mark.slow
 def test_resumed_sweep_reruns_unfinished_points_and_goes_on_after_a_failure(tiny):
     workdir, first = tiny["workdir"], tiny["first"]
     assert first.returncode == 1, first.stdout + first.stderr  # one point failed
@@ -157,12 +159,14 @@ def test_resumed_sweep_reruns_unfinished_points_and_goes_on_after_a_failure(tiny
     assert sorted(p.name for p in workdir.iterdir() if p.is_dir()) == sorted(REAL + [FAILS, GPU])
 
 
+@pytest.mark.slow
 def test_gpu_point_is_skipped_not_failed(tiny):
     status = _status(tiny["workdir"] / GPU)
     assert status.startswith("skipped: ") and "gpu" in status
     assert f"[6/6] {GPU}: skipped:" in tiny["first"].stdout
 
 
+@pytest.mark.slow
 def test_second_resume_skips_done_points_and_keeps_their_results(tiny):
     second, workdir = tiny["second"], tiny["workdir"]
     assert second.returncode == 1
@@ -173,12 +177,14 @@ def test_second_resume_skips_done_points_and_keeps_their_results(tiny):
     assert "sweep finished: 4 done, 1 failed, 1 skipped" in second.stdout
 
 
+@pytest.mark.slow
 def test_a_sweep_with_another_base_config_is_refused(tiny):
     p = launch(f"--config={tiny['config']}", f"--workdir={tiny['workdir']}", "--config.train.num_steps=30")
     assert p.returncode == 2 and "different base config" in p.stderr
     assert "already done" not in p.stdout
 
 
+@pytest.mark.slow
 def test_tiny_sweep_report_renders_with_plots(tiny):
     workdir = tiny["workdir"]
     p = subprocess.run([sys.executable, "-m", "hwrepro.study.report", str(workdir)], capture_output=True, text=True,
@@ -210,6 +216,7 @@ def test_tiny_sweep_report_renders_with_plots(tiny):
 # --- shards -------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_shard_runs_its_round_robin_share(tmp_path, capsys):
     from configs import autoencoder_mnist
     import ml_collections
@@ -343,6 +350,7 @@ def test_report_of_a_folder_without_a_sweep_is_one_error_line(tmp_path, capsys):
     assert err.startswith("error: ") and "sweep.json" in err and err.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_a_failing_report_loses_no_results(tmp_path, capsys, monkeypatch):
     from configs import autoencoder_mnist
     import ml_collections

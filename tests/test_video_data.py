@@ -173,8 +173,10 @@ def test_load_split_auto_real_or_synthetic(tmp_path):
     synthetic = dict(num_videos=2, frames_per_video=4)
     auto = video.load_split("auto", "", "train", image_size=(8, 8), channels=1, synthetic=synthetic)
     assert auto.source.startswith("synthetic") and auto.frames.shape == (8, 8, 8, 1)
-    val = video.load_split("auto", str(tmp_path), "val", image_size=(8, 8), channels=1, synthetic=synthetic)
+    val = video.load_split("auto", "", "val", image_size=(8, 8), channels=1, synthetic=synthetic)
     assert not np.array_equal(auto.frames, val.frames)                  # splits are different videos
+    with pytest.raises(DataError, match="no val split .*; found: nothing"):  # a given data.dir never falls back
+        video.load_split("auto", str(tmp_path), "val", image_size=(8, 8), channels=1, synthetic=synthetic)
     np.savez(tmp_path / "train.npz", X=np.zeros((4, 16, 16, 1), np.uint8), sources=np.array(["s"] * 4))
     real = video.load_split("auto", str(tmp_path), "train", image_size=(8, 8), channels=1)
     assert real.source == str(tmp_path / "train.npz") and real.frames.shape == (4, 8, 8, 1)

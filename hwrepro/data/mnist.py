@@ -153,8 +153,9 @@ def load_mnist(config) -> ImageSplits:
 
 
 def load(source: str, data_dir: str, seed: int) -> ImageSplits:
-    """Resolves data.source: 'auto' takes IDX files in data_dir, else a prepared TFDS mnist in data_dir,
-    else the synthetic stand-in; 'idx', 'tfds' and 'synthetic' force one."""
+    """Resolves data.source: 'auto' takes IDX files in data_dir, else a prepared TFDS mnist in data_dir (a
+    data_dir with neither is a DataError), or the synthetic stand-in when data_dir is empty; 'idx', 'tfds' and
+    'synthetic' force one."""
     if source == "synthetic":
         return synthetic(seed)
     if source == "idx":
@@ -168,13 +169,18 @@ def load(source: str, data_dir: str, seed: int) -> ImageSplits:
         return load_tfds(data_dir)
     if source != "auto":
         raise DataError(f"data.source={source!r} is not one of auto, idx, tfds, synthetic")
-    if data_dir:
-        splits = load_idx(Path(data_dir))
-        if splits is not None:
-            return splits
-        if (Path(data_dir) / "mnist").is_dir():
-            return load_tfds(data_dir)
-    return synthetic(seed)
+    if not data_dir:
+        return synthetic(seed)
+    splits = load_idx(Path(data_dir))
+    if splits is not None:
+        return splits
+    if (Path(data_dir) / "mnist").is_dir():
+        return load_tfds(data_dir)
+    folder = Path(data_dir)
+    found = ", ".join(sorted(p.name for p in folder.iterdir())[:8]) or "nothing" if folder.is_dir() else None
+    raise DataError(f"data.dir={data_dir}: " + (f"no MNIST: looked for IDX files ({', '.join(IDX_FILES['train'])}, "
+                    f"..., optionally .gz) or a prepared TFDS mnist/ folder; found: {found}" if found is not None
+                    else "no such folder"))
 
 
 def batches(images: np.ndarray, batch_size: int, seed: int) -> Iterator[np.ndarray]:

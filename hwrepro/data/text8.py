@@ -258,7 +258,9 @@ def label_data(config: Any) -> LabelData:
     input is the centre word, the labels its context words. The last 5% of the corpus is held out, never
     trained on: a fixed sample of its pairs is both the evaluation subset and the test set."""
     d = config.data
-    path = str(Path(d.dir) / "text8") if d.dir else None
+    path = str(Path(d.dir) / "text8") if d.dir and d.source == "auto" else None
+    if path and not os.path.isfile(path):
+        raise DataError(f"data.dir={d.dir}: no text8 file (looked for {path})")
     sizes = {"num_tokens": d.num_train} if d.num_train else {}
     corpus = load_corpus(path, seed=d.seed, min_count=d.min_count, **sizes)
     cut = int(len(corpus.tokens) * 0.95)

@@ -11,6 +11,7 @@ Numpy only (images are decoded with Pillow, which matplotlib already depends on)
 from __future__ import annotations
 
 import re
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -167,8 +168,8 @@ def read_frame_arrays(path: str | Path, sources_path: str | Path | None = None,
         try:
             with np.load(path, allow_pickle=False) as data:
                 arrays = {k: data[k] for k in data.files if k in ("X", "sources")}
-        except (OSError, ValueError) as e:
-            raise DataError(f"{path}: cannot read .npz ({e})") from None
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+            raise DataError(f"{path}: cannot read .npz ({type(e).__name__}: {e})") from None
         missing = {"X", "sources"} - set(arrays)
         if missing:
             raise DataError(f"{path}: .npz lacks {', '.join(sorted(missing))}")
@@ -181,6 +182,9 @@ def read_frame_arrays(path: str | Path, sources_path: str | Path | None = None,
         frames, sources = _load_hkl(path), _load_hkl(Path(sources_path))
     else:
         raise DataError(f"{path}: frame arrays must be .npz or .hkl")
+    if np.issubdtype(frames.dtype, np.floating) and frames.size and not 0.0 <= frames.min() <= frames.max() <= 1.0:
+        raise DataError(f"{path}: float frames must lie in 0..1 (found {frames.min():.4g}..{frames.max():.4g}); "
+                        "store 0..255 pixels as uint8")
     if frames.ndim == 3:
         frames = frames[..., None]
     if frames.ndim != 4:
@@ -312,7 +316,8 @@ def load_split(source: str, data_dir: str, split: str, *, image_size: tuple[int,
                resize: str = "area", seed: int = 0, synthetic: dict | None = None) -> VideoFrames:
     """Resolves data.source for one split ('train', 'val' or 'test').
 
-    'auto': real data under data_dir (`find_split`) when there, else the synthetic stand-in;
+    'auto': real data under data_dir (`find_split`; DataError when data_dir is given but holds none), the
+    synthetic stand-in when data_dir is empty;
     'arrays' / 'folder': force that real format (DataError when absent); 'synthetic': always synthetic,
     seeded by `seed` plus a per-split offset so the splits are different videos; `synthetic` holds extra
     `synthetic_moving_objects` arguments.
@@ -326,6 +331,11 @@ def load_split(source: str, data_dir: str, split: str, *, image_size: tuple[int,
         if found is None or found.is_dir() != (source == "folder"):
             want = f"{split}/ (one sub-folder per video)" if source == "folder" else f"{split}.npz or X_{split}.hkl"
             raise DataError(f"{data_dir}: no {want}")
+    if found is None and data_dir and source == "auto":
+        present = sorted(p.name for p in Path(data_dir).iterdir()) if Path(data_dir).is_dir() else None
+        raise DataError(f"data.dir={data_dir}: " + ("no such folder" if present is None else
+                        f"no {split} split (looked for {split}.npz, X_{split}.hkl or a {split}/ folder of frame "
+                        f"folders); found: {', '.join(present[:8]) or 'nothing'}"))
     if found is not None:
         if found.is_dir():
             return read_frame_folder(found, channels, image_size, resize)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import hashlib
 import os
 import re
 import tempfile
@@ -23,11 +24,11 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from hwrepro.data import register
-from hwrepro.errors import DataError
+from hwrepro.errors import ConfigError, DataError
 
 _BLOCK_BYTES = 1 << 23        # the parser works on ~8 MiB of whole lines at a time (bounded temporaries)
 _CACHE_SUFFIX = ".hwrepro.npz"
-_CACHE_VERSION = 1            # bump when the parse result or the cache layout changes
+_CACHE_VERSION = 2            # bump when the parse result or the cache layout changes
 
 # --------------------------------------------------------------------------------------------------- data
 
@@ -322,14 +323,19 @@ def cache_path(path: str | os.PathLike) -> str:
     return os.fspath(path) + _CACHE_SUFFIX
 
 
-def _cache_stamp(st: os.stat_result) -> np.ndarray:
-    return np.array([_CACHE_VERSION, st.st_size, st.st_mtime_ns], dtype=np.int64)
+def _cache_stamp(path: str, st: os.stat_result) -> np.ndarray:
+    """What a cache must match: format version, file size and the SHA-1 of the file's bytes (so an edit that
+    keeps the size and the modification time is caught too; hashing is far faster than parsing)."""
+    with open(path, "rb") as f:
+        digest = hashlib.file_digest(f, "sha1").digest()
+    return np.concatenate([np.array([_CACHE_VERSION, st.st_size], dtype=np.int64),
+                           np.frombuffer(digest, dtype=np.uint8).astype(np.int64)])
 
 
-def _load_cache(path: str, st: os.stat_result) -> XCData | None:
+def _load_cache(path: str, stamp: np.ndarray) -> XCData | None:
     try:
         with np.load(cache_path(path)) as z:
-            if not np.array_equal(z["stamp"], _cache_stamp(st)):
+            if not np.array_equal(z["stamp"], stamp):
                 return None
             num_features, num_labels = (int(x) for x in z["dims"])
             return XCData(z["feat_indptr"], z["feat_indices"], z["feat_values"], z["label_indptr"],
@@ -338,7 +344,7 @@ def _load_cache(path: str, st: os.stat_result) -> XCData | None:
         return None
 
 
-def _save_cache(path: str, st: os.stat_result, data: XCData) -> None:
+def _save_cache(path: str, stamp: np.ndarray, data: XCData) -> None:
     """Writes the cache atomically (temp file + os.replace); a read-only folder or full disk is not an error."""
     target = cache_path(path)
     tmp = None
@@ -346,7 +352,7 @@ def _save_cache(path: str, st: os.stat_result, data: XCData) -> None:
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(target) or ".", prefix=os.path.basename(target) + ".",
                                    suffix=".tmp")
         with os.fdopen(fd, "wb") as f:
-            np.savez(f, stamp=_cache_stamp(st), dims=np.array([data.num_features, data.num_labels]),
+            np.savez(f, stamp=stamp, dims=np.array([data.num_features, data.num_labels]),
                      feat_indptr=data.feat_indptr, feat_indices=data.feat_indices,
                      feat_values=data.feat_values, label_indptr=data.label_indptr,
                      label_indices=data.label_indices)
@@ -366,21 +372,21 @@ def read_xc(path: str | os.PathLike, use_cache: bool = True) -> XCData:
     """Reads an XC-format text file into CSR arrays; DataError (`path:line: problem`) on a malformed file.
 
     With use_cache, a binary copy `<file>.hwrepro.npz` is written beside the file and reused while the file's
-    size and modification time are those it was made from (Amazon-670K's train file: seconds instead of a
-    parse). Lines that are blank after the header's count of points are ignored; any other surplus is an error.
+    size and content hash are those it was made from (a load instead of a parse). Lines that are blank after the header's count of points are ignored; any other surplus is an error.
     """
     path = os.fspath(path)
     try:
         st = os.stat(path)
     except OSError as e:
         raise DataError(f"{path}: cannot read ({e.strerror})") from None
-    if use_cache:
-        cached = _load_cache(path, st)
-        if cached is not None:
-            return cached
+    if not use_cache:
+        return _parse_file(path)
+    stamp = _cache_stamp(path, st)
+    cached = _load_cache(path, stamp)
+    if cached is not None:
+        return cached
     data = _parse_file(path)
-    if use_cache:
-        _save_cache(path, st, data)
+    _save_cache(path, stamp, data)
     return data
 
 
@@ -558,13 +564,28 @@ def synthetic(shape: str | XCShape = "amazon670k", num_train: int | None = None,
 
 def load_splits(folder: str | os.PathLike | None, name: str, seed: int = 0, num_train: int | None = None,
                 num_test: int | None = None) -> tuple[XCData, XCData]:
-    """The real (train, test) of data set `name` (a SHAPES key) when find_split_files finds them under
-    `folder`, else the synthetic stand-in of that shape; `source` of each split says which it is.
-    num_train/num_test only size the synthetic stand-in."""
-    files = find_split_files(folder, name) if folder else None
-    if files is None:
+    """The real (train, test) of data set `name` (a SHAPES key) found under `folder` (find_split_files), or
+    the synthetic stand-in of that shape when no folder is given; `source` of each split says which it is.
+    A folder without the files is a DataError saying what was looked for and what is there, never a silent
+    fallback; so is a test file whose header disagrees with the train file's. num_train/num_test only size
+    the synthetic stand-in."""
+    if not folder:
         return synthetic(name, num_train, num_test, seed)
-    return read_xc(files[0]), read_xc(files[1])
+    folder = os.fspath(folder)
+    if not os.path.isdir(folder):
+        raise DataError(f"data.dir={folder}: no such folder")
+    files = find_split_files(folder, name)
+    if files is None:
+        present = sorted(os.listdir(folder))
+        shown = ", ".join(present[:8]) + (", ..." if len(present) > 8 else "") if present else "nothing"
+        raise DataError(f"data.dir={folder}: no {name} train/test text files (looked for train.txt + test.txt "
+                        f"or *_train.txt + *_test.txt, in the folder and in a sub-folder named like {name!r}); "
+                        f"found: {shown}")
+    train, test = read_xc(files[0]), read_xc(files[1])
+    if (test.num_features, test.num_labels) != (train.num_features, train.num_labels):
+        raise DataError(f"{files[1]}:1: header gives {test.num_features} features and {test.num_labels} labels, "
+                        f"but {files[0]} gives {train.num_features} and {train.num_labels}")
+    return train, test
 
 
 # ------------------------------------------------------------------------------------------------ batches
@@ -725,6 +746,9 @@ def label_data(train: XCData, test: XCData, config: Any) -> LabelData:
     train.batch_size, eval.subset / final_points, data.seed for the evaluation subsets, seed for the order)."""
     d = config.data
     batcher = XCBatcher(train, d.max_features, d.max_labels)
+    if batcher.steps_per_epoch(config.train.batch_size) == 0:
+        raise ConfigError(f"train.batch_size={config.train.batch_size} exceeds the {train.num_points} training "
+                          f"points of {train.source}")
     final = test if not config.eval.final_points else fixed_subset(test, config.eval.final_points, d.seed)
     subset = XCBatcher(fixed_subset(test, config.eval.subset, d.seed), d.max_features, d.max_labels)
     source = train.source if "synthetic" in train.source else f"{train.source} + {test.source}"
@@ -744,7 +768,7 @@ def _register_shape(name: str) -> None:
     @register(name, kind="labels")
     def load(config: Any) -> LabelData:
         d = config.data
-        train, test = load_splits(d.dir or None, name, seed=d.seed, num_train=d.num_train or None,
+        train, test = load_splits(d.dir if d.source == "auto" else None, name, seed=d.seed, num_train=d.num_train or None,
                                   num_test=d.num_test or None)
         return label_data(train, test, config)
 

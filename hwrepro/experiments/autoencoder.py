@@ -15,7 +15,7 @@ from hwrepro import data
 from hwrepro.data import mnist
 from hwrepro.errors import ConfigError
 from hwrepro.harness import numerics
-from hwrepro.harness.loop import checkpointer, fit
+from hwrepro.harness.loop import fit, snapshotter
 from hwrepro.harness.records import Run
 from hwrepro.models import MODELS, reconstruction_loss
 
@@ -67,6 +67,9 @@ def run(config: ml_collections.ConfigDict, rec: Run):
     splits = data.load(config, "images")
     rec.note_data(splits.source, num_train=len(splits.train_images), num_test=len(splits.test_images))
     steps_per_epoch = len(splits.train_images) // config.train.batch_size
+    if steps_per_epoch == 0:
+        raise ConfigError(f"train.batch_size={config.train.batch_size} exceeds the {len(splits.train_images)} "
+                          f"training images of {splits.source}")
     num_steps = config.train.num_steps or config.train.num_epochs * steps_per_epoch
     init_key, order_seed = jax.random.split(jax.random.key(config.seed))
     state = create_state(config, init_key)
@@ -74,14 +77,15 @@ def run(config: ml_collections.ConfigDict, rec: Run):
     batches = mnist.batches(splits.train_images, config.train.batch_size,
                             seed=int(jax.random.randint(order_seed, (), 0, 2**31 - 1)))
     probe = jnp.asarray(splits.train_images[:512].reshape(512, -1), jnp.float32) / 255.0
-    at_checkpoint = checkpointer(rec, lambda s: s.params, loss_fn=functools.partial(loss_fn, apply_fn=state.apply_fn),
+    at_snapshot = snapshotter(rec, lambda s: s.params, loss_fn=functools.partial(loss_fn, apply_fn=state.apply_fn),
                                  probe_batch=probe, hessian_iters=config.train.hessian_iters,
                                  key=jax.random.key(config.data.seed))
     state = fit(state, train_step, batches, num_steps=num_steps, examples_per_step=config.train.batch_size,
                 rec=rec, log_every=config.train.log_every, steps_per_epoch=steps_per_epoch,
                 eval_fn=lambda s: {"loss": _eval_loss(s, test_x)}, eval_every=config.train.eval_every,
-                checkpoint_every=num_steps // config.train.checkpoints if config.train.checkpoints else 0,
-                checkpoint_fn=at_checkpoint)
+                snapshot_every=num_steps // config.train.checkpoints if config.train.checkpoints else 0,
+                snapshot_fn=at_snapshot, checkpoint_every=config.train.checkpoint_every,
+                checkpoint_keep=config.train.checkpoint_keep)
     test_loss = float(_eval_loss(state, test_x))
     rec.print(f"test reconstruction loss (binary cross-entropy per pixel): {test_loss:.6f}")
     return {"test_loss": test_loss, "steps": num_steps, "epochs": num_steps / steps_per_epoch}, state.params

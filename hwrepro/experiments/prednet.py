@@ -26,7 +26,7 @@ from hwrepro.models import MODELS
 from hwrepro.models.predictive_coding import (PredNet, layer_loss_weights, param_count, time_loss_weights,
                                     weighted_error_loss)
 from hwrepro.harness.records import Run
-from hwrepro.harness.loop import checkpointer, fit
+from hwrepro.harness.loop import fit, snapshotter
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
@@ -250,14 +250,14 @@ def run(config: ml_collections.ConfigDict, rec: Run) -> tuple[dict[str, Any], An
         return {k: metrics[k] for k in ("loss", "mse", "mse_copy_last")}
 
     probe = jnp.asarray(video.clips(splits["val"], starts["val"][:t.batch_size], d.nt))
-    at_checkpoint = checkpointer(rec, lambda s: s.params,
+    at_snapshot = snapshotter(rec, lambda s: s.params,
                                  loss_fn=functools.partial(loss_fn, apply_fn=state.apply_fn,
                                                            layer_weights=layer_weights, time_weights=time_weights),
                                  probe_batch=probe, hessian_iters=t.hessian_iters, key=jax.random.key(d.seed))
     state = fit(state, step, batches, num_steps=num_steps, examples_per_step=t.batch_size, rec=rec,
                 log_every=t.log_every, steps_per_epoch=steps_per_epoch, eval_fn=eval_fn,
-                eval_every=t.eval_every, checkpoint_every=num_steps // t.checkpoints if t.checkpoints else 0,
-                checkpoint_fn=at_checkpoint)
+                eval_every=t.eval_every, snapshot_every=num_steps // t.checkpoints if t.checkpoints else 0,
+                snapshot_fn=at_snapshot, checkpoint_every=t.checkpoint_every, checkpoint_keep=t.checkpoint_keep)
 
     final, predictions = evaluate_on(state.params, eval_model, splits["test"], starts["test"])
     if config.eval.extrap_start_time:

@@ -31,6 +31,9 @@ KS = (1, 3, 5)
 def validate(config: ml_collections.ConfigDict) -> None:
     m, d = config.model, config.data
     hwdata.get(d.dataset, "labels")
+    if d.source not in ("auto", "synthetic"):
+        raise ConfigError(f"data.source={d.source!r} is not one of 'auto' (the files under data.dir, or the "
+                          "synthetic stand-in when data.dir is empty), 'synthetic'")
     FAMILIES.get(config.lsh.kind, "lsh.kind")
     checks = [("model.method", m.method, sparse.METHODS),
               ("model.candidate_mode", m.candidate_mode, sparse.CANDIDATE_MODES),
@@ -135,12 +138,12 @@ def run(config: ml_collections.ConfigDict, rec: Run):
         timing["eval_seconds"] += time.time() - t
         return out
 
-    t_train = time.time()
     state = fit(state, train_step, data.train_batches(), num_steps=num_steps,
                 examples_per_step=config.train.batch_size, rec=rec, log_every=config.train.log_every,
                 steps_per_epoch=data.steps_per_epoch, eval_fn=eval_subset, eval_every=config.train.eval_every,
-                after_step=after_step)
-    train_seconds = time.time() - t_train - timing["eval_seconds"]
+                after_step=after_step, checkpoint_every=config.train.checkpoint_every,
+                checkpoint_keep=config.train.checkpoint_keep, host=timing)
+    train_seconds = timing.pop("train_seconds")
 
     final = {"method": m.method, "steps": num_steps, "epochs": num_steps / data.steps_per_epoch,
              "train_seconds": train_seconds,

@@ -57,7 +57,9 @@ def base_config(experiment: str) -> ml_collections.ConfigDict:
     c.train.learning_rate = 1e-3
     c.train.log_every = 50        # steps between metrics.jsonl lines
     c.train.eval_every = 0        # steps between evaluations; 0 = only at the end
-    c.train.checkpoints = 0       # evenly spaced checkpoints: parameters kept in trajectory.npz
+    c.train.checkpoints = 0       # evenly spaced snapshots of the parameters in trajectory.npz (the study's report)
+    c.train.checkpoint_every = 0  # steps between checkpoints of the whole training state (resume); 0 = none
+    c.train.checkpoint_keep = 2   # checkpoints kept (the latest ones)
     c.train.hessian_iters = 0     # > 0: Lanczos iterations for Hessian extreme eigenvalues at checkpoints
     return c
 
@@ -68,4 +70,6 @@ def load_config_file(path: str | os.PathLike) -> ml_collections.ConfigDict:
     spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(path))[0], path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    if not hasattr(module, "get_config"):
+        raise AttributeError(f"{path} defines no get_config()")
     return module.get_config()

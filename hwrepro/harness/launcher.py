@@ -3,6 +3,7 @@ this process when its numerics can still apply here, else in a child process (hw
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
 from pathlib import Path
@@ -25,6 +26,11 @@ def launch(config: ml_collections.ConfigDict, workdir: str | None = None, shard:
         return sweep.run_sweep(config, workdir, shard)
     runner.validate(config)
     if "jax" in sys.modules or numerics.needs_fresh_process(config.numerics):
-        return process.run_in_child(config, workdir)
+        code = process.run_in_child(config, workdir)
+        if code < 0:
+            print(f"error: the run's process was killed by {signal.Signals(-code).name}; rerun the same command to "
+                  "resume from its last checkpoint", file=sys.stderr)
+            return runner.EXIT_FAILED
+        return code
     runner.print_final(runner.run_here(config, workdir))
     return runner.EXIT_DONE

@@ -1,4 +1,5 @@
-"""The training loop every experiment shares: steps, metric logging, evaluation, progress.
+"""The training loop every experiment shares: steps, metric logging, evaluation, progress, checkpoints and
+resuming, divergence and signal stops.
 
 The loop only synchronises with the device on logging steps: step metrics are summed on the device in
 between, so JAX's asynchronous dispatch keeps the host ahead of the computation.
@@ -6,14 +7,19 @@ between, so JAX's asynchronous dispatch keeps the host ahead of the computation.
 
 from __future__ import annotations
 
+import itertools
+import math
 import time
 from typing import Any, Callable, Iterator
 
 import jax
 import jax.numpy as jnp
 
+from hwrepro.errors import RunFailed
+from hwrepro.harness import interrupts
+from hwrepro.harness.checkpoints import Checkpoints
 from hwrepro.harness.progress import Progress
-from hwrepro.harness.records import Run
+from hwrepro.harness.records import CHECKPOINT_DIR, Run
 
 
 def _add(acc, metrics):
@@ -35,8 +41,11 @@ def fit(state: Any,
         eval_fn: Callable[[Any], dict] | None = None,
         eval_every: int = 0,
         after_step: Callable[[int, Any], Any] | None = None,
+        snapshot_every: int = 0,
+        snapshot_fn: Callable[[int, Any], dict] | None = None,
         checkpoint_every: int = 0,
-        checkpoint_fn: Callable[[int, Any], dict] | None = None,
+        checkpoint_keep: int = 2,
+        host: dict[str, Any] | None = None,
         label: str | None = None) -> Any:
     """Runs `num_steps` of `train_step(state, batch) -> (state, metrics)` and returns the final state.
 
@@ -46,51 +55,95 @@ def fit(state: Any,
     `eval_fn(state) -> dict` runs every `eval_every` steps (0: only at the end) and its values join that line
     (prefixed `eval_`).
     `after_step(step, state) -> state` is for host-side schedules (e.g. SLIDE's table rebuilds).
-    `checkpoint_fn(step, state) -> dict` runs every `checkpoint_every` steps (and at the last step when
-    checkpoint_every > 0); it forces a metrics line and its values join it (see `checkpointer`).
+    `snapshot_fn(step, state) -> dict` runs every `snapshot_every` steps (and at the last step when
+    snapshot_every > 0); it forces a metrics line and its values join it (see `snapshotter`).
+
+    Resuming: with `checkpoint_every` > 0 the whole state is checkpointed every that many steps (forcing a
+    metrics line) into rec.workdir/checkpoints (the last `checkpoint_keep` kept), with `host`, a dict of the
+    experiment's own JSON-able counters. When that folder holds a checkpoint, the loop starts from it: state
+    and `host` restored (in place), records after its step dropped, the batches before it skipped, so
+    `batches` must be the same sequence from step 1 (it is a function of the seed in every experiment).
+
+    On return, host["train_seconds"] is the training time over all resumptions.
+
+    Stops: a non-finite mean loss raises RunFailed ("loss is nan at step N"; the last checkpoint, taken
+    before, stays). SIGINT / SIGTERM / SIGHUP (see interrupts) end the current step, then the loop writes a
+    metrics line and a checkpoint (if checkpointing) and raises Interrupted.
     """
-    progress = Progress(num_steps, label or rec.info.get("name") or "train")
+    host = {} if host is None else host
+    train_seconds, start = 0.0, 0
+    ckpt = Checkpoints(rec.workdir / CHECKPOINT_DIR, checkpoint_keep) if checkpoint_every else None
+    if ckpt is not None and (start := ckpt.latest_step() or 0):
+        state, saved = ckpt.restore(start, state)
+        train_seconds = saved["train_seconds"]
+        host.update(saved["experiment"])
+        rec.rewind(start)
+        rec.note("resumed_from_step", start)
+        rec.print(f"resuming from the checkpoint at step {start} of {num_steps}")
+        batches = itertools.islice(batches, start, None)
+    progress = Progress(num_steps, label or rec.info.get("name") or "train", start=start)
     window_start, window_steps, acc = time.time(), 0, None
-    train_seconds = 0.0
-    for step in range(1, num_steps + 1):
-        state, metrics = train_step(state, next(batches))
-        if after_step is not None:
-            state = after_step(step, state)
-        acc = metrics if acc is None else _add_jit(acc, metrics)
-        window_steps += 1
-        last = step == num_steps
-        checkpoint = checkpoint_fn is not None and checkpoint_every > 0 and (
-            step % checkpoint_every == 0 or last)
-        if step % log_every == 0 or last or checkpoint:
-            means = {k: float(v) / window_steps for k, v in jax.device_get(acc).items()}
-            elapsed = time.time() - window_start
-            train_seconds += elapsed
-            row = dict(means)
-            if steps_per_epoch:
-                row["epoch"] = step / steps_per_epoch
-            row["examples_per_s"] = window_steps * examples_per_step / max(elapsed, 1e-9)
-            row["train_seconds"] = train_seconds
-            evaluated = eval_fn is not None and (last or bool(eval_every and step % eval_every == 0))
-            if evaluated:
-                row.update({f"eval_{k}": v for k, v in eval_fn(state).items()})
-            if checkpoint:
-                row.update(checkpoint_fn(step, state))
-            rec.log(step, **row)
-            shown = {k: v for k, v in row.items() if k in ("loss", "epoch") or k.startswith("eval_")}
-            progress.update(step, force=last or evaluated, **shown)  # evaluations always print
-            window_start, window_steps, acc = time.time(), 0, None
+
+    def save(step: int, state: Any) -> None:
+        ckpt.save(step, state, {"train_seconds": train_seconds, "experiment": host})
+
+    try:
+        with interrupts.at_step_boundary():
+            for step in range(start + 1, num_steps + 1):
+                state, metrics = train_step(state, next(batches))
+                if after_step is not None:
+                    state = after_step(step, state)
+                acc = metrics if acc is None else _add_jit(acc, metrics)
+                window_steps += 1
+                last = step == num_steps
+                stop = interrupts.pending()
+                snapshot = snapshot_fn is not None and snapshot_every > 0 and (step % snapshot_every == 0 or last)
+                checkpoint = ckpt is not None and not last and (step % checkpoint_every == 0 or stop is not None)
+                if not (step % log_every == 0 or last or snapshot or checkpoint or stop):
+                    continue
+                means = {k: float(v) / window_steps for k, v in jax.device_get(acc).items()}
+                loss = means.get("loss")
+                if loss is not None and not math.isfinite(loss):
+                    raise RunFailed(f"loss is {loss} at step {step}" + (
+                        f" (the checkpoint at step {ckpt.latest_step()} is kept)" if ckpt and ckpt.latest_step() else ""))
+                elapsed = time.time() - window_start
+                train_seconds += elapsed
+                row = dict(means)
+                if steps_per_epoch:
+                    row["epoch"] = step / steps_per_epoch
+                row["examples_per_s"] = window_steps * examples_per_step / max(elapsed, 1e-9)
+                row["train_seconds"] = train_seconds
+                evaluated = eval_fn is not None and (last or bool(eval_every and step % eval_every == 0))
+                if evaluated:
+                    row.update({f"eval_{k}": v for k, v in eval_fn(state).items()})
+                if snapshot:
+                    row.update(snapshot_fn(step, state))
+                rec.log(step, **row)
+                if checkpoint:
+                    save(step, state)
+                shown = {k: v for k, v in row.items() if k in ("loss", "epoch") or k.startswith("eval_")}
+                progress.update(step, force=last or evaluated, **shown)  # evaluations always print
+                if stop is not None:
+                    raise interrupts.Interrupted(stop, f" at step {step} of {num_steps}" + (
+                        "; checkpoint saved, rerun the same command to resume" if ckpt else ""))
+                window_start, window_steps, acc = time.time(), 0, None
+    finally:
+        if ckpt is not None:
+            ckpt.close()
+    host["train_seconds"] = train_seconds
     return state
 
 
-def checkpointer(rec: Run, params_of: Callable[[Any], Any], *, loss_fn: Callable | None = None,
-                 probe_batch: Any = None, hessian_iters: int = 0, key: jax.Array | None = None
-                 ) -> Callable[[int, Any], dict]:
-    """A `checkpoint_fn` for `fit`: keeps the parameters (for the sweep report's divergence analysis) and,
-    with `hessian_iters` > 0, estimates the extreme Hessian eigenvalues of `loss_fn(params, probe_batch)` by
-    Lanczos (the saddle-point diagnostic), on the same fixed batch and start vector at every checkpoint."""
+def snapshotter(rec: Run, params_of: Callable[[Any], Any], *, loss_fn: Callable | None = None,
+                probe_batch: Any = None, hessian_iters: int = 0, key: jax.Array | None = None
+                ) -> Callable[[int, Any], dict]:
+    """A `snapshot_fn` for `fit`: adds the parameters to trajectory.npz (for the sweep report's divergence
+    analysis) and, with `hessian_iters` > 0, estimates the extreme Hessian eigenvalues of
+    `loss_fn(params, probe_batch)` by Lanczos (the saddle-point diagnostic), on the same fixed batch and start
+    vector at every snapshot."""
     from hwrepro.study.hessian import extreme_eigenvalues
 
-    def at_checkpoint(step: int, state: Any) -> dict:
+    def at_snapshot(step: int, state: Any) -> dict:
         params = params_of(state)
         rec.save_params(step, params)
         if not hessian_iters:
@@ -98,4 +151,4 @@ def checkpointer(rec: Run, params_of: Callable[[Any], Any], *, loss_fn: Callable
         largest, smallest = extreme_eigenvalues(loss_fn, params, probe_batch, key, hessian_iters)
         return {"hessian_max": float(largest), "hessian_min": float(smallest)}
 
-    return at_checkpoint
+    return at_snapshot

@@ -4,52 +4,140 @@ XLA reads its flags once and glibc its tunables when a process starts, so a run 
 can no longer apply (JAX already imported, allocator tunables not set at start-up), and every point of a
 sweep, runs in a child:
 
-    parent: Run.prepare(workdir), config.json written  ->  python -m hwrepro.harness.process WORKDIR
+    parent: locks the workdir, Run.prepare, config.json  ->  python -m hwrepro.harness.process WORKDIR
     child:  reads WORKDIR/config.json, runs it (hwrepro.harness.runner.run_here), exits with the run's code
 
-The config crosses the boundary once, as the run's own config.json. No JAX in the parent.
+The config crosses the boundary once, as the run's own config.json. The two live and die together: the
+child inherits the workdir's lock (released only when both have ended); SIGINT, SIGTERM and SIGHUP to the
+parent are passed on to the child, which checkpoints and records itself as interrupted; a child whose parent
+dies (even by SIGKILL) gets SIGTERM (Linux's parent-death signal) and does the same. The child runs in its
+own process group, so a terminal's Ctrl-C reaches it once, through the parent. No JAX in the parent.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import json
 import os
+import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
+from typing import Iterator
 
 import ml_collections
 
-from hwrepro.harness import numerics, records, runner
+from hwrepro import experiments
+from hwrepro.errors import ConfigError, HwreproError
+from hwrepro.harness import interrupts, numerics, records, runner
+
+_PARENT_ENV = "HWREPRO_PARENT_PID"
 
 
 def run_in_child(config: ml_collections.ConfigDict, workdir: Path, stdout=None, stderr=None) -> int:
     """Runs `config` (validated by the caller) in a fresh process in `workdir`; returns its exit code.
 
-    Raises WorkdirTaken (before any process starts) when workdir holds a finished run.
+    Raises WorkdirBusy / WorkdirTaken before any process starts when another run owns the workdir or it
+    holds a finished run, and Interrupted (already reported by the child) after passing on a signal.
     """
-    workdir = records.Run.prepare(Path(workdir))
-    records.write_config(workdir, config)
-    cmd = [sys.executable, "-m", "hwrepro.harness.process", str(workdir)]
-    # Start-up settings go in the child's environment; it applies the other numerics itself, before its JAX.
-    env = numerics.startup_environment(config.numerics, os.environ)
-    repo_root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [repo_root, env.get("PYTHONPATH")]))
-    child = subprocess.Popen(cmd, env=env, stdout=stdout, stderr=stderr)
+    workdir = Path(workdir)
+    lock = records.lock_workdir(workdir)
     try:
-        return child.wait()
-    except KeyboardInterrupt:
-        # Ctrl-C reached the child too (same process group): give it time to record itself as interrupted.
+        if not records.Run.prepare(workdir, config):
+            records.write_config(workdir, config)
+        cmd = [sys.executable, "-m", "hwrepro.harness.process", str(workdir)]
+        # Start-up settings go in the child's environment; it applies the other numerics itself, before its JAX.
+        env = numerics.startup_environment(config.numerics, os.environ)
+        repo_root = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [repo_root, env.get("PYTHONPATH")]))
+        env[_PARENT_ENV] = str(os.getpid())
+        child = subprocess.Popen(cmd, env=env, stdout=stdout, stderr=stderr, pass_fds=(lock,), process_group=0)
+        with _forwarding_signals(child) as forwarded:
+            code = child.wait()
+        if code < 0 and records.status_of(workdir) == "running":
+            records.set_status(workdir, f"failed: killed by {signal.Signals(-code).name} before it could record "
+                                        "how it ended (rerun the same command to resume from its last checkpoint)",
+                               "hwrepro.harness.process")
+        if forwarded:
+            raise interrupts.Interrupted(forwarded[0], reported=True)
+        return code
+    finally:
+        os.close(lock)
+
+
+@contextlib.contextmanager
+def _forwarding_signals(child: subprocess.Popen) -> Iterator[list[str]]:
+    """While the child runs, SIGINT / SIGTERM / SIGHUP to this process are sent on to it; yields the names of
+    those forwarded (a second one reaches the child too, which then stops at once)."""
+    forwarded: list[str] = []
+
+    def forward(signum: int, frame) -> None:
+        forwarded.append(signal.Signals(signum).name)
+        if child.poll() is None:
+            child.send_signal(signum)
+
+    try:
+        previous = {s: signal.signal(s, forward) for s in interrupts.SIGNALS}
+    except ValueError:  # not the main thread: nothing to forward from here
+        previous = {}
+    try:
+        yield forwarded
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def _die_with_parent() -> None:
+    """Asks Linux for SIGTERM when the launching process dies (then interrupts.catch_signals takes over);
+    exits if it died already."""
+    parent = os.environ.get(_PARENT_ENV)
+    if sys.platform != "linux" or not parent:
+        return
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
+    if os.getppid() != int(parent):
+        sys.exit(runner.EXIT_FAILED)
+
+
+def check_in_child(configs: dict[str, ml_collections.ConfigDict]) -> None:
+    """Runs every experiment's own checks (`validate`) on {name: config} in a child process, so the caller
+    never imports JAX; ConfigError with the child's one line, naming the first config that fails."""
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump({name: records.config_dict(c) for name, c in configs.items()}, f)
+    try:
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[2]),
+                                                                        os.environ.get("PYTHONPATH")])))
+        p = subprocess.run([sys.executable, "-m", "hwrepro.harness.process", "--check", f.name], env=env,
+                           capture_output=True, text=True)
+    finally:
+        os.unlink(f.name)
+    if p.returncode != runner.EXIT_DONE:
+        lines = [line for line in p.stderr.splitlines() if line.startswith("error: ")]
+        raise ConfigError(lines[-1][len("error: "):] if lines else f"checking the configs failed:\n{p.stderr}")
+
+
+def _check(path: str) -> int:
+    for name, data in records.read_json(Path(path)).items():
+        config = ml_collections.ConfigDict(data)
         try:
-            child.wait(timeout=30)
-        except (KeyboardInterrupt, subprocess.TimeoutExpired):
-            child.kill()
-            child.wait()
-        raise
+            runner.validate(config)
+            module = experiments.get(config.experiment)
+            if hasattr(module, "validate"):
+                module.validate(config)
+        except HwreproError as e:
+            print(f"error: {name}: {e}", file=sys.stderr)
+            return runner.EXIT_BAD_INPUT
+    return runner.EXIT_DONE
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The child's side: `python -m hwrepro.harness.process WORKDIR`."""
+    """The child's side: `python -m hwrepro.harness.process WORKDIR` (or `--check FILE`, see check_in_child)."""
+    _die_with_parent()
     argv = sys.argv[1:] if argv is None else argv
+    if len(argv) == 2 and argv[0] == "--check":
+        return _check(argv[1])
     if len(argv) != 1:
         print("usage: python -m hwrepro.harness.process WORKDIR (a folder whose config.json the launcher wrote)",
               file=sys.stderr)

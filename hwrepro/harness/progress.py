@@ -16,8 +16,8 @@ class Progress:
     at most every `interval` seconds so logs stay readable."""
 
     def __init__(self, total: int, label: str, interval: float = 10.0, stream=None, unit: str = "step",
-                 units: str = "steps"):
-        self.total, self.label, self.unit, self.units = total, label, unit, units
+                 units: str = "steps", start: int = 0):
+        self.total, self.label, self.unit, self.units, self.start = total, label, unit, units, start
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty()
         self.interval = 0.5 if self.tty else interval
@@ -30,7 +30,7 @@ class Progress:
             return
         self.last_print = now
         elapsed = now - self.t0
-        rate = step / elapsed if elapsed > 0 else 0.0
+        rate = (step - self.start) / elapsed if elapsed > 0 else 0.0
         eta = (self.total - step) / rate if rate > 0 else 0.0
         fields = " ".join(f"{k} {v:.4g}" for k, v in shown.items())
         line = (f"[{self.label}] {self.unit} {step}/{self.total} ({100 * step / self.total:.0f}%) "

@@ -5,16 +5,23 @@
 - metrics.jsonl one JSON object per logged step
 - final.json    final metrics, wall time, param_sha256
 - log.txt       the human-readable log (what was printed)
-- trajectory.npz parameters at checkpoints (only when train.checkpoints > 0)
+- trajectory.npz parameters at evenly spaced steps (only when train.checkpoints > 0), for the study's report
+- checkpoints/  the training state every train.checkpoint_every steps (hwrepro.harness.checkpoints), for resuming
+- .lock         held by the run (or sweep) that owns the folder, released by the OS when its processes end
 
 JSON files are replaced atomically (temp file + rename), so a run killed at any moment leaves either the old
-or the new file, never half of one. Importing this module does not import JAX.
+or the new file, never half of one; they are strict JSON (a non-finite number is written as null and named in
+`nonfinite`). metrics.jsonl gains whole lines only. A write that fails (a full disk) leaves the previous file,
+removes its temporary and raises RecordWriteError naming the path. Importing this module does not import JAX.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import errno
+import fcntl
 import hashlib
+import math
 import importlib.metadata
 import json
 import os
@@ -28,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from hwrepro.errors import HwreproError
+from hwrepro.errors import HwreproError, RunFailed
 
 PACKAGES = ("hwrepro", "jax", "jaxlib", "flax", "optax", "numpy", "ml-collections", "tensorflow-datasets")
 _CPU_FLAGS_OF_INTEREST = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
@@ -36,21 +43,102 @@ _CPU_FLAGS_OF_INTEREST = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw",
 
 
 CONFIG_FILE = "config.json"
+RECORD_FILES = ("config.json", "run.json", "metrics.jsonl", "final.json", "log.txt", "trajectory.npz", "traceback.txt")
+CHECKPOINT_DIR = "checkpoints"
+LOCK_FILE = ".lock"
+
+
+class RecordWriteError(RunFailed):
+    """A record could not be written (e.g. the disk is full); the message names the path and the OS error."""
+
+
+class WorkdirTaken(HwreproError):
+    """The workdir already holds a finished run (it is never overwritten), or cannot be a run folder."""
+
+
+class WorkdirBusy(HwreproError):
+    """Another run or sweep owns the workdir now."""
+
+
+def lock_workdir(workdir: Path, name: str = LOCK_FILE) -> int:
+    """Creates workdir and takes its exclusive lock (the file `name` in it); returns the lock's descriptor.
+
+    The lock lasts as long as the descriptor is open in any process (a child process inherits it), and the
+    OS releases it when they all end, killed or not. WorkdirBusy if another process holds it; WorkdirTaken
+    if `workdir` is a file.
+    """
+    workdir = Path(workdir)
+    if workdir.exists() and not workdir.is_dir():
+        raise WorkdirTaken(f"--workdir {workdir} is a file, not a folder")
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(workdir / name, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise WorkdirTaken(f"cannot use workdir {workdir}: {e.strerror}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        owner = os.read(fd, 64).decode(errors="replace").strip()
+        os.close(fd)
+        if e.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+            raise WorkdirBusy(f"workdir {workdir} is in use by another run{f' (pid {owner})' if owner else ''}; "
+                              "wait for it to end or choose another --workdir") from None
+        raise
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
+    return fd
 
 
 def write_config(workdir: Path, config: Any) -> None:
     """workdir/config.json: the resolved config (a ConfigDict or a mapping)."""
-    write_json_atomic(Path(workdir) / CONFIG_FILE, config.to_dict() if hasattr(config, "to_dict") else dict(config))
+    write_json_atomic(Path(workdir) / CONFIG_FILE, config_dict(config))
+
+
+def config_dict(config: Any) -> dict[str, Any]:
+    """A config as plain JSON data (what config.json holds, tuples as lists), for comparing two configs."""
+    d = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+    return json.loads(json.dumps(d, default=_json_default))
 
 
 def now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
+def strict_json(obj: Any) -> tuple[Any, list[str]]:
+    """(obj with every non-finite float replaced by None, the dotted paths of those values)."""
+    bad: list[str] = []
+
+    def visit(x: Any, path: str) -> Any:
+        if isinstance(x, dict):
+            return {k: visit(v, f"{path}.{k}" if path else str(k)) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [visit(v, f"{path}[{i}]") for i, v in enumerate(x)]
+        if isinstance(x, (float, np.floating)) and not math.isfinite(x):
+            bad.append(path)
+            return None
+        return x
+
+    return visit(json.loads(json.dumps(obj, default=_json_default)), ""), bad
+
+
+def dumps(obj: Any, **kwargs: Any) -> str:
+    """Strict JSON text of obj: non-finite numbers as null, their paths listed in a top-level `nonfinite`."""
+    clean, bad = strict_json(obj)
+    if bad and isinstance(clean, dict):
+        clean["nonfinite"] = bad
+    return json.dumps(clean, allow_nan=False, **kwargs)
+
+
 def write_json_atomic(path: Path, obj: Any) -> None:
+    """Replaces path with obj as strict JSON; on failure the old file stays and the temporary is removed."""
+    path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=False, default=_json_default) + "\n")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(dumps(obj, indent=2) + "\n")
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise RecordWriteError(f"cannot write {path}: {e.strerror or e}") from None
 
 
 def _json_default(o: Any) -> Any:
@@ -92,6 +180,18 @@ def status_of(workdir: Path) -> str | None:
         return None
 
 
+def set_status(workdir: Path, status: str, by: str) -> None:
+    """Writes `status` into workdir/run.json for a process that could not (it was killed, or crashed before
+    its record was open), keeping what that process recorded; `by` names the writer."""
+    path = Path(workdir) / "run.json"
+    try:
+        info = read_json(path)
+    except (OSError, ValueError):
+        info = {"name": Path(workdir).name}
+    info.update(status=status, end_time=now(), status_by=by)
+    write_json_atomic(path, info)
+
+
 def param_sha256(params: Any) -> str:
     """SHA-256 of a parameter pytree: every leaf's path, dtype, shape and bytes, in tree order.
 
@@ -106,6 +206,18 @@ def param_sha256(params: Any) -> str:
         h.update(f"{a.dtype.str}{a.shape}".encode())
         h.update(np.ascontiguousarray(a).tobytes())
     return h.hexdigest()
+
+
+def nonfinite_leaves(params: Any) -> list[str]:
+    """The paths of the floating-point leaves of a pytree holding a NaN or an infinity."""
+    import jax
+
+    bad = []
+    for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+        a = np.asarray(jax.device_get(leaf))
+        if np.issubdtype(a.dtype, np.floating) and not np.all(np.isfinite(a)):
+            bad.append(jax.tree_util.keystr(path))
+    return bad
 
 
 def cpu_info() -> dict[str, Any]:
@@ -150,10 +262,6 @@ def git_commit() -> str | None:
         return None
 
 
-class WorkdirTaken(HwreproError):
-    """The workdir already holds a finished run; it is never overwritten."""
-
-
 class Run:
     """An open run record in `workdir`; experiments log through it.
 
@@ -165,51 +273,63 @@ class Run:
         self.info = run_info
         self.quiet = quiet
         self.t0 = time.time()
-        self._trajectory: dict[int, np.ndarray] = {}
-        self._metrics = open(self.workdir / "metrics.jsonl", "a", buffering=1)
+        self._trajectory = _read_trajectory(self.workdir)  # a resumed run keeps what it had saved
+        self._metrics = os.open(self.workdir / "metrics.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         self._log = open(self.workdir / "log.txt", "a", buffering=1)
 
     @staticmethod
-    def prepare(workdir: Path) -> Path:
-        """Creates workdir, refusing one that holds a finished run. Stale records of an unfinished run are
-        moved aside to workdir/previous-<time>/ rather than deleted."""
+    def prepare(workdir: Path, config: Any) -> bool:
+        """Makes workdir ready for `config`; returns True when it resumes an unfinished run of that config.
+
+        A finished run is refused (WorkdirTaken). An unfinished run of the same config with a checkpoint is
+        kept, to be resumed; any other unfinished run's records and checkpoints are moved aside to
+        workdir/previous-<time>/, never deleted. The caller holds the workdir's lock (`lock_workdir`).
+        """
         workdir = Path(workdir)
-        status = status_of(workdir)
-        if status == "done":
+        if status_of(workdir) == "done":
             raise WorkdirTaken(f"workdir {workdir} already holds a finished run (run.json status 'done'); "
                                "choose another --workdir or remove it")
-        workdir.mkdir(parents=True, exist_ok=True)
-        stale = [p for p in workdir.iterdir()
-                 if p.name in ("config.json", "run.json", "metrics.jsonl", "final.json", "log.txt")]
+        try:
+            same_config = read_json(workdir / CONFIG_FILE) == config_dict(config)
+        except (OSError, ValueError):
+            same_config = False
+        if same_config and _has_checkpoint(workdir):
+            return True
+        stale = [p for p in workdir.iterdir() if p.name in RECORD_FILES + (CHECKPOINT_DIR,)]
         if stale:
             aside = workdir / f"previous-{time.strftime('%Y%m%d-%H%M%S')}"
-            aside.mkdir()
+            aside.mkdir(exist_ok=True)
             for p in stale:
                 os.replace(p, aside / p.name)
-        return workdir
+        return False
 
     @classmethod
     def start(cls, workdir: Path, config: Any, numerics_applied: dict[str, Any], quiet: bool = False,
               write_config: bool = True) -> "Run":
         """Opens the record; `write_config` False when the launcher wrote config.json already."""
         workdir = Path(workdir)
-        config_dict = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+        config_data = config_dict(config)
         if write_config:
-            write_json_atomic(workdir / CONFIG_FILE, config_dict)
+            write_json_atomic(workdir / CONFIG_FILE, config_data)
+        try:
+            resumes = read_json(workdir / "run.json").get("resumes", -1) + 1
+        except (OSError, ValueError, AttributeError):
+            resumes = 0
         info = {
             "status": "running",
-            "experiment": config_dict.get("experiment"),
-            "name": config_dict.get("name"),
-            "seed": config_dict.get("seed"),
+            "experiment": config_data.get("experiment"),
+            "name": config_data.get("name"),
+            "seed": config_data.get("seed"),
             "start_time": now(),
             "end_time": None,
+            "resumes": resumes,
             "data_source": None,
             "versions": package_versions(),
             "python": sys.version.split()[0],
             "platform": platform.platform(),
             "hostname": socket.gethostname(),
             "cpu": cpu_info(),
-            "numerics_requested": config_dict.get("numerics"),
+            "numerics_requested": config_data.get("numerics"),
             "numerics_applied": numerics_applied,
             "git_commit": git_commit(),
             "argv": sys.argv,
@@ -228,7 +348,10 @@ class Run:
         """A line for the user: printed to stderr and kept in log.txt."""
         if not self.quiet:
             print(msg, file=sys.stderr, flush=True)
-        self._log.write(msg + "\n")
+        try:
+            self._log.write(msg + "\n")
+        except OSError:  # a full disk: the run fails at its next record write, which names the file
+            pass
 
     def note_data(self, source: str, **details: Any) -> None:
         """Records where the data came from (a path, or 'synthetic ...': always said plainly)."""
@@ -244,28 +367,55 @@ class Run:
         self._write_info()
 
     def log(self, step: int, **scalars: Any) -> None:
-        """Appends one metrics.jsonl line: step, seconds since start, and the given scalars."""
+        """Appends one metrics.jsonl line: step, seconds since start, and the given scalars.
+
+        The line is written whole or not at all: a failed write (full disk) is cut back off the file and
+        raises RecordWriteError.
+        """
         row = {"step": int(step), "seconds": round(self.seconds(), 4)}
         row.update({k: _scalar(v) for k, v in scalars.items()})
-        self._metrics.write(json.dumps(row, default=_json_default) + "\n")
+        line = (dumps(row) + "\n").encode()
+        size = os.fstat(self._metrics).st_size
+        try:
+            if os.write(self._metrics, line) != len(line):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        except OSError as e:
+            os.ftruncate(self._metrics, size)
+            raise RecordWriteError(f"cannot write {self.workdir / 'metrics.jsonl'}: {e.strerror or e}") from None
+
+    def rewind(self, step: int) -> None:
+        """Drops metrics.jsonl lines and trajectory entries after `step` (a resumed run redoes those steps)."""
+        path = self.workdir / "metrics.jsonl"
+        kept = [line for line in path.read_text().splitlines(keepends=True)
+                if line.endswith("\n") and json.loads(line).get("step", 0) <= step]
+        write_text_atomic(path, "".join(kept))
+        os.close(self._metrics)
+        self._metrics = os.open(path, os.O_WRONLY | os.O_APPEND)
+        self._trajectory = {s: p for s, p in self._trajectory.items() if s <= step}
 
     def save_params(self, step: int, params: Any) -> None:
-        """Keeps a float32 copy of the flattened parameters at `step`; written to trajectory.npz (steps
-        [k], params [k, P]) when the run finishes, for comparing runs' paths through parameter space."""
+        """Adds a float32 copy of the flattened parameters at `step` to trajectory.npz (steps [k], params
+        [k, P]), for comparing runs' paths through parameter space; the file is rewritten at once, so a
+        resumed run keeps it."""
         from jax.flatten_util import ravel_pytree
 
         self._trajectory[int(step)] = np.asarray(ravel_pytree(params)[0], dtype=np.float32)
-
-    def _write_trajectory(self) -> None:
-        if not self._trajectory:
-            return
         steps = sorted(self._trajectory)
+        path = self.workdir / "trajectory.npz"
         tmp = self.workdir / f".trajectory.tmp{os.getpid()}.npz"
-        np.savez(tmp, steps=np.asarray(steps), params=np.stack([self._trajectory[s] for s in steps]))
-        os.replace(tmp, self.workdir / "trajectory.npz")
+        try:
+            np.savez(tmp, steps=np.asarray(steps), params=np.stack([self._trajectory[s] for s in steps]))
+            os.replace(tmp, path)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            raise RecordWriteError(f"cannot write {path}: {e.strerror or e}") from None
 
     def finish(self, final_metrics: dict[str, Any], params: Any) -> dict[str, Any]:
-        self._write_trajectory()
+        """Writes final.json and marks the run done; RunFailed instead when a parameter is not finite (a
+        diverged run whose loss stayed finite, e.g. saturated outputs)."""
+        bad = nonfinite_leaves(params)
+        if bad:
+            raise RunFailed(f"the parameters are not finite at the end of training ({', '.join(bad[:3])})")
         final = {k: _scalar(v) for k, v in final_metrics.items()}
         final["wall_seconds"] = round(self.seconds(), 3)
         final["param_sha256"] = param_sha256(params)
@@ -275,15 +425,53 @@ class Run:
         self.close()
         return final
 
-    def fail(self, why: str) -> None:
-        self.info.update(status=f"failed: {why}", end_time=now())
-        self._write_info()
-        self._log.write(f"run failed: {why}\n")  # the launcher prints the one error line the user sees
+    def end(self, status: str) -> None:
+        """Records how the run ended other than done (`failed: why`, `interrupted: why`) and closes it. Best
+        effort: on a full disk run.json may keep its last state; the launcher prints the reason either way."""
+        self.info.update(status=status, end_time=now())
+        try:
+            self._write_info()
+            self._log.write(f"run {status}\n")  # the launcher prints the one error line the user sees
+        except (OSError, RecordWriteError):
+            pass
         self.close()
 
+    def fail(self, why: str) -> None:
+        self.end(f"failed: {why}")
+
     def close(self) -> None:
-        self._metrics.close()
-        self._log.close()
+        if self._metrics is not None:
+            os.close(self._metrics)
+            self._metrics = None
+        try:
+            self._log.close()
+        except OSError:
+            pass
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Replaces path with text (temp file + rename); RecordWriteError naming path on failure."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise RecordWriteError(f"cannot write {path}: {e.strerror or e}") from None
+
+
+def _has_checkpoint(workdir: Path) -> bool:
+    """Whether workdir/checkpoints holds a finished checkpoint (a folder named by its step)."""
+    folder = Path(workdir) / CHECKPOINT_DIR
+    return folder.is_dir() and any(p.name.isdigit() for p in folder.iterdir())
+
+
+def _read_trajectory(workdir: Path) -> dict[int, np.ndarray]:
+    try:
+        with np.load(Path(workdir) / "trajectory.npz") as z:
+            return {int(s): p for s, p in zip(z["steps"], z["params"])}
+    except (OSError, ValueError, KeyError):
+        return {}
 
 
 def _scalar(v: Any) -> Any:

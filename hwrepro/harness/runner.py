@@ -10,6 +10,9 @@ Exit codes of every hwrepro process: 0 done, 1 failed, 2 bad config, data or wor
 from __future__ import annotations
 
 import json
+import math
+import os
+import shutil
 import sys
 import traceback
 from pathlib import Path
@@ -18,8 +21,8 @@ from typing import Any
 import ml_collections
 
 from hwrepro import experiments
-from hwrepro.errors import ConfigError, HwreproError, PlatformUnavailable
-from hwrepro.harness import numerics
+from hwrepro.errors import ConfigError, HwreproError, PlatformUnavailable, RunFailed
+from hwrepro.harness import interrupts, numerics
 
 EXIT_DONE, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_SKIPPED = 0, 1, 2, 3
 
@@ -27,11 +30,14 @@ EXIT_DONE, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_SKIPPED = 0, 1, 2, 3
 def validate(config: ml_collections.ConfigDict) -> None:
     """Checks the fields every experiment shares, without JAX; experiment modules check their own in `validate`."""
     experiments.module_name(config.get("experiment"))
+    for field, value in _leaves(config):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{field}={value} must be a finite number")
     t = config.train
-    for field in ("batch_size", "log_every"):
+    for field in ("batch_size", "log_every", "checkpoint_keep"):
         if t[field] <= 0:
             raise ConfigError(f"train.{field}={t[field]} must be positive")
-    for field in ("num_epochs", "num_steps", "eval_every", "checkpoints", "hessian_iters"):
+    for field in ("num_epochs", "num_steps", "eval_every", "checkpoints", "checkpoint_every", "hessian_iters"):
         if t[field] < 0:
             raise ConfigError(f"train.{field}={t[field]} must not be negative")
     if t.num_epochs == 0 and t.num_steps == 0:
@@ -43,18 +49,42 @@ def validate(config: ml_collections.ConfigDict) -> None:
     numerics.validate(config.numerics)
 
 
+def _leaves(config: ml_collections.ConfigDict, prefix: str = "") -> list[tuple[str, Any]]:
+    """(dotted field, value) of every field of a config, groups flattened."""
+    out = []
+    for key, value in config.items():
+        field = f"{prefix}{key}"
+        out.extend(_leaves(value, field + ".") if isinstance(value, ml_collections.ConfigDict) else [(field, value)])
+    return out
+
+
 def run_here(config: ml_collections.ConfigDict, workdir: Path, quiet: bool = False,
              prepared: bool = False) -> dict[str, Any]:
     """Runs one experiment in this process and returns final.json's content.
 
     Numerics are applied only if JAX is not imported yet; otherwise the run goes ahead with the process's
-    current settings, and run.json says so (`numerics_applied.before_jax: false`). `prepared`: the workdir was
-    made ready and config.json written by the launcher (a child process), so neither is done again.
+    current settings, and run.json says so (`numerics_applied.before_jax: false`). The workdir is locked for
+    the run (WorkdirBusy if another run owns it); an unfinished run of the same config resumes from its last
+    checkpoint. `prepared`: a launcher did all that and wrote config.json (a child process), so it is not done
+    again. SIGINT / SIGTERM / SIGHUP stop the run cleanly (interrupts.Interrupted).
     """
-    from hwrepro.harness.records import Run
+    from hwrepro.harness import records
 
+    lock = None
     if not prepared:
         validate(config)
+        lock = records.lock_workdir(workdir)
+    try:
+        with interrupts.catch_signals():
+            return _run_locked(config, Path(workdir), quiet, prepared)
+    finally:
+        if lock is not None:
+            os.close(lock)
+
+
+def _run_locked(config: ml_collections.ConfigDict, workdir: Path, quiet: bool, prepared: bool) -> dict[str, Any]:
+    from hwrepro.harness.records import CHECKPOINT_DIR, Run
+
     before_jax = "jax" not in sys.modules
     if before_jax:
         numerics.apply_before_jax(config.numerics)
@@ -63,23 +93,27 @@ def run_here(config: ml_collections.ConfigDict, workdir: Path, quiet: bool = Fal
     if hasattr(module, "validate"):
         module.validate(config)
     if not prepared:
-        workdir = Run.prepare(workdir)
+        Run.prepare(workdir, config)
     rec = Run.start(workdir, config, {"before_jax": before_jax, **numerics.applied()}, quiet=quiet,
                     write_config=not prepared)
     rec.print(f"hwrepro: {config.experiment} '{config.name}' -> {workdir}")
     try:
         final_metrics, params = module.run(config, rec)
         final = rec.finish(final_metrics, params)
-    except KeyboardInterrupt:
-        rec.fail("interrupted")
+    except interrupts.Interrupted as e:
+        rec.end(e.status)
         raise
-    except HwreproError as e:
+    except KeyboardInterrupt:
+        rec.end("interrupted: KeyboardInterrupt")
+        raise
+    except (HwreproError, RunFailed) as e:
         rec.fail(str(e))
         raise
     except Exception as e:
-        (Path(workdir) / "traceback.txt").write_text(traceback.format_exc())
+        (workdir / "traceback.txt").write_text(traceback.format_exc())
         rec.fail(f"{type(e).__name__}: {e} (traceback in traceback.txt)")
         raise
+    shutil.rmtree(workdir / CHECKPOINT_DIR, ignore_errors=True)  # only for resuming; a finished run never is
     return final
 
 
@@ -98,5 +132,9 @@ def report_error(e: BaseException) -> int:
     if isinstance(e, HwreproError):
         print(f"error: {e}", file=sys.stderr, flush=True)
         return EXIT_SKIPPED if isinstance(e, PlatformUnavailable) else EXIT_BAD_INPUT
+    if isinstance(e, (RunFailed, interrupts.Interrupted, KeyboardInterrupt)):
+        if not getattr(e, "reported", False):  # a child process printed its own line already
+            print(f"error: {e or 'interrupted'}", file=sys.stderr, flush=True)
+        return EXIT_FAILED
     print(f"error: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
     return EXIT_FAILED

@@ -20,7 +20,7 @@ No JAX here: each point's process must start JAX itself, with its own XLA_FLAGS.
 from __future__ import annotations
 
 import json
-import signal
+import os
 import sys
 import time
 from pathlib import Path
@@ -29,7 +29,7 @@ from typing import Any, Sequence
 import ml_collections
 
 from hwrepro.errors import HwreproError
-from hwrepro.harness import process, records, runner
+from hwrepro.harness import interrupts, process, records, runner
 from hwrepro.harness.progress import format_seconds
 from hwrepro.study import grid
 from hwrepro.study.grid import Point
@@ -117,17 +117,6 @@ def _last_error_line(output: Path) -> str | None:
     return errors[-1] if errors else None
 
 
-def _set_status(run_dir: Path, status: str, name: str) -> None:
-    """Writes `status` into run_dir/run.json, keeping what the point's process recorded, if anything."""
-    path = run_dir / "run.json"
-    try:
-        info = records.read_json(path)
-    except (OSError, ValueError):
-        info = {"name": name}
-    info.update(status=status, end_time=records.now(), status_by="hwrepro.study.sweep")
-    records.write_json_atomic(path, info)
-
-
 def _settle(run_dir: Path, name: str, code: int) -> str:
     """The point's final status after its process exited with `code`, written to run.json if the process
     could not write it itself (it crashed, was killed, or stopped before its record was open)."""
@@ -137,12 +126,12 @@ def _settle(run_dir: Path, name: str, code: int) -> str:
     why = _last_error_line(run_dir / OUTPUT_FILE)
     if code == runner.EXIT_SKIPPED:
         status = f"skipped: {why or 'platform not available'}"
-    elif status is None or not status.startswith("failed"):
+    elif status is None or not status.startswith(("failed", "interrupted")):
         detail = why or (f"killed by signal {-code}" if code < 0 else "no run record written")
         status = f"failed: exit code {code}: {detail} (see {OUTPUT_FILE})"
     else:
         return status
-    _set_status(run_dir, status, name)
+    records.set_status(run_dir, status, "hwrepro.study.sweep")
     return status
 
 
@@ -160,27 +149,6 @@ def _metric_text(run_dir: Path, metric: str | None) -> str:
     return f", {metric} {value:.4g}" if isinstance(value, (int, float)) else f", {metric} {value}"
 
 
-def _raise_keyboard_interrupt(signum, frame):
-    raise KeyboardInterrupt
-
-
-class _TermAsInterrupt:
-    """While active, SIGTERM stops the sweep like Ctrl-C does (the running point is recorded as
-    interrupted), so `kill PID` of a background sweep leaves a clean, resumable folder."""
-
-    def __enter__(self):
-        try:
-            self.previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
-        except ValueError:  # not the main thread: signals cannot be handled here
-            self.previous = None
-        return self
-
-    def __exit__(self, *exc):
-        if self.previous is not None:
-            signal.signal(signal.SIGTERM, self.previous)
-        return False
-
-
 def run_sweep(config: ml_collections.ConfigDict, workdir: Path, shard: str | None = None) -> int:
     """Runs the sweep's points (or shard "i/n" of them) in DIR=workdir and writes the report.
 
@@ -191,21 +159,41 @@ def run_sweep(config: ml_collections.ConfigDict, workdir: Path, shard: str | Non
     workdir = Path(workdir)
     points = grid.expand(config)
     selected = grid.shard(points, shard) if shard else list(points)
-    for point in selected:  # every point's config must be runnable before the first one starts
-        runner.validate(point_config(config, point))
+    # Every point's config must be runnable before the first one starts: shared fields here, each
+    # experiment's own checks in a child process (they import JAX, which the sweep's process must not).
+    configs = {point.name: point_config(config, point) for point in selected}
+    for c in configs.values():
+        runner.validate(c)
+    process.check_in_child(configs)
     record = sweep_record(config, points, selected, shard)
-    workdir.mkdir(parents=True, exist_ok=True)
-    _check_same_sweep(workdir / SWEEP_FILE, record)
-    records.write_json_atomic(workdir / SWEEP_FILE, record)
+    # One sweep (or one shard of it) at a time in DIR; the shards of a job array each hold their own lock.
+    lock = records.lock_workdir(workdir) if not shard else _lock_shard(workdir, shard)
+    try:
+        _check_same_sweep(workdir / SWEEP_FILE, record)
+        records.write_json_atomic(workdir / SWEEP_FILE, record)
+        return _run_points(config, workdir, selected, record, shard, len(points))
+    finally:
+        os.close(lock)
+
+
+def _lock_shard(workdir: Path, shard: str) -> int:
+    """The lock of one shard's invocation, DIR/.lock-shard-i-of-n: the same shard run twice at once is refused,
+    other shards run beside it (each point's run folder has its own lock too)."""
+    i, n = (int(x) for x in shard.split("/"))
+    return records.lock_workdir(workdir, f"{records.LOCK_FILE}-shard-{i}-of-{n}")
+
+
+def _run_points(config: ml_collections.ConfigDict, workdir: Path, selected: Sequence[Point],
+                record: dict[str, Any], shard: str | None, num_points: int) -> int:
 
     metric = record["report"].get("metric")
     total = len(selected)
     print(f"sweep '{config.get('name')}': {total} point(s)"
-          + (f" (shard {shard} of {len(points)})" if shard else "") + f" in {workdir}", flush=True)
+          + (f" (shard {shard} of {num_points})" if shard else "") + f" in {workdir}", flush=True)
     counts = {"done": 0, "failed": 0, "skipped": 0}
     ran_seconds, ran = 0.0, 0
     point, interrupted = None, False
-    with _TermAsInterrupt():
+    with interrupts.catch_signals():
         try:
             for i, point in enumerate(selected, 1):
                 run_dir = workdir / point.name
@@ -214,7 +202,13 @@ def run_sweep(config: ml_collections.ConfigDict, workdir: Path, shard: str | Non
                     counts["done"] += 1
                     print(f"{prefix} already done{_metric_text(run_dir, metric)}", flush=True)
                     continue
-                status, seconds = _attempt(config, point, run_dir)
+                try:
+                    status, seconds = _attempt(config, point, run_dir)
+                except records.WorkdirBusy:
+                    counts["skipped"] += 1
+                    print(f"{prefix} skipped: another process is running it", flush=True)
+                    point = None
+                    continue
                 kind = status.split(":")[0]
                 counts[kind if kind in counts else "failed"] += 1
                 line = f"{prefix} {status}"
@@ -226,11 +220,11 @@ def run_sweep(config: ml_collections.ConfigDict, workdir: Path, shard: str | Non
                     line += f" | ETA {format_seconds(left * ran_seconds / ran)} for {left} more"
                 print(line, flush=True)
                 point = None
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, interrupts.Interrupted):
             interrupted = True
-            if point is not None and records.status_of(workdir / point.name) != "done":
+            if point is not None and records.status_of(workdir / point.name) in (None, "running"):
                 # The point's process may have been killed before it could say so itself.
-                _set_status(workdir / point.name, "failed: interrupted", point.name)
+                records.set_status(workdir / point.name, "failed: interrupted", "hwrepro.study.sweep")
                 counts["failed"] += 1
                 print(f"[{i}/{total}] {point.name}: failed: interrupted", flush=True)
 

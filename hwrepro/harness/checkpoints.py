@@ -1,0 +1,76 @@
+"""Training-state checkpoints for resuming a run: orbax-checkpoint under workdir/checkpoints/<step>/.
+
+A checkpoint holds every leaf of the training state (parameters, optimizer state, LSH tables, step counter:
+whatever pytree the experiment trains) and a small JSON of the loop's host-side state (time spent, an
+experiment's counters). Random keys and data order in hwrepro are functions of (seed, step), so the step is
+all the position a resumed run needs; it then ends with the bits of an uninterrupted run.
+
+Saving is asynchronous: the state's leaves are copied to host memory (the training step donates, and so
+reuses, the device buffers), then orbax writes them in a background thread while training goes on. Only
+complete checkpoints count (orbax renames a finished step folder into place), and the last `keep` stay.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from hwrepro.errors import RunFailed
+
+
+class Checkpoints:
+    """The checkpoints of one run folder: `latest_step`, `save`, `restore`, `close`."""
+
+    def __init__(self, folder: Path, keep: int = 2):
+        import orbax.checkpoint as ocp
+
+        self._ocp = ocp
+        self.folder = Path(folder).absolute()
+        self._manager = ocp.CheckpointManager(
+            self.folder, options=ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=True,
+                                                              create=True))
+
+    def latest_step(self) -> int | None:
+        return self._manager.latest_step()
+
+    def save(self, step: int, state: Any, host: dict[str, Any]) -> None:
+        """Starts saving `state` (a pytree) and `host` (JSON-able) as checkpoint `step`; returns once the
+        leaves are copied. Refuses (RunFailed) a state with a non-finite parameter: never keep a broken one."""
+        leaves = [np.array(leaf, copy=True) for leaf in jax.tree_util.tree_leaves(state)]
+        for leaf in leaves:
+            if np.issubdtype(leaf.dtype, np.floating) and not np.all(np.isfinite(leaf)):
+                raise RunFailed(f"a non-finite value in the training state at step {step}; not checkpointed")
+        self._manager.wait_until_finished()  # one write at a time: the previous one must be complete first
+        args = self._ocp.args.Composite(state=self._ocp.args.StandardSave({str(i): x for i, x in enumerate(leaves)}),
+                                        host=self._ocp.args.JsonSave(host))
+        try:
+            self._manager.save(step, args=args)
+        except OSError as e:
+            raise RunFailed(f"cannot write checkpoint {self.folder / str(step)}: {e.strerror or e}") from None
+
+    def restore(self, step: int, like: Any) -> tuple[Any, dict[str, Any]]:
+        """(the state of checkpoint `step` with the structure, dtypes and shapes of `like`, its host JSON)."""
+        leaves, treedef = jax.tree_util.tree_flatten(like)
+        target = {str(i): jax.ShapeDtypeStruct(np.shape(x), _dtype(x)) for i, x in enumerate(leaves)}
+        out = self._manager.restore(step, args=self._ocp.args.Composite(
+            state=self._ocp.args.StandardRestore(target), host=self._ocp.args.JsonRestore()))
+        restored = [jax.device_put(np.asarray(out.state[str(i)]), getattr(x, "sharding", None))
+                    for i, x in enumerate(leaves)]
+        return jax.tree_util.tree_unflatten(treedef, restored), dict(out.host)
+
+    def close(self) -> None:
+        """Waits for the write in flight (a checkpoint is only kept complete) and releases orbax."""
+        try:
+            self._manager.wait_until_finished()
+        except OSError as e:
+            raise RunFailed(f"cannot write a checkpoint under {self.folder}: {e.strerror or e}") from None
+        finally:
+            self._manager.close()
+
+
+def _dtype(x: Any) -> np.dtype:
+    """An array's dtype; a Python scalar's as JAX would store it (e.g. TrainState's initial `step` 0: int32)."""
+    return x.dtype if hasattr(x, "dtype") else jax.dtypes.canonicalize_dtype(np.asarray(x).dtype)
