@@ -19,7 +19,7 @@ import ml_collections
 
 from hwrepro import experiments
 from hwrepro.errors import ConfigError, HwreproError, PlatformUnavailable
-from hwrepro.harness import numerics
+from hwrepro.harness import numerics, parallel
 
 EXIT_DONE, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_SKIPPED = 0, 1, 2, 3
 
@@ -41,6 +41,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     if not isinstance(config.seed, int) or config.seed < 0:
         raise ConfigError(f"seed={config.seed!r} must be a non-negative integer")
     numerics.validate(config.numerics)
+    parallel.validate(config)
 
 
 def run_here(config: ml_collections.ConfigDict, workdir: Path, quiet: bool = False,
