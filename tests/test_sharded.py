@@ -222,3 +222,25 @@ def test_mesh_that_does_not_fit_is_one_config_error(overrides, message):
     with pytest.raises(ConfigError) as e:
         runner.validate(c)
     assert message in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.slow
+def test_launch_with_two_model_shards_matches_the_single_device_run(tmp_path, run_launch):
+    """The user's path: the tiny SLIDE config on one device and on parallel.model=2 (2 CPU devices, in the
+    launcher's child process). Dense: the same P@k; lsh: P@1 within a few standard errors (each shard picks
+    its own candidates, so the random negatives differ)."""
+    config = tmp_path / "tiny.py"
+    config.write_text(f"import sys\nsys.path.insert(0, {str(REPO / 'tests')!r})\n"
+                      "from test_slide_experiment import tiny_config\n\ndef get_config():\n"
+                      "    c = tiny_config('lsh')\n    c.train.num_epochs = 2\n    return c\n")
+    finals = {}
+    for method in ("dense", "lsh"):
+        for name, extra in (("one", []), ("two", ["--config.parallel.model=2", "--config.numerics.cpu_devices=2"])):
+            proc = run_launch(f"--config={config}", f"--workdir={tmp_path / (method + name)}",
+                              f"--config.model.method={method}", *extra)
+            assert proc.returncode == 0, proc.stderr[-2000:]
+            finals[method, name] = json.loads((tmp_path / (method + name) / "final.json").read_text())
+    for k in (1, 3, 5):
+        assert finals["dense", "one"][f"test_P@{k}"] == pytest.approx(finals["dense", "two"][f"test_P@{k}"], abs=2e-3)
+    p = finals["lsh", "one"]["test_P@1"]
+    assert abs(finals["lsh", "two"]["test_P@1"] - p) < 4 * (p * (1 - p) / 1000) ** 0.5

@@ -48,6 +48,7 @@ Evaluation: each shard scores its own rows (chunked top-k), all_gather over `mod
 from __future__ import annotations
 
 import functools
+import types
 from typing import Any
 
 import jax
@@ -224,8 +225,10 @@ def _select(state: SlideState, all_labels: jax.Array, all_h: jax.Array | None, k
     if all_h is not None:
         tables = lsh.Tables(ids=state.tables.ids[0], starts=state.tables.starts[0])
         retrieved = lsh.query(state.hash_fn, tables, all_h, bucket_capacity)
+    # One shard draws with the step's key itself: a data-parallel-only run picks the single-device candidates.
+    key = key if lax.psum(1, MODEL) == 1 else jax.random.fold_in(key, shard)
     cand, mask = batch_shared_candidates(_local_labels(all_labels, offset, rows, num_labels), retrieved,
-                                         jax.random.fold_in(key, shard), m_local, rows, min_count, sampler)
+                                         key, m_local, rows, min_count, sampler)
     mask = mask & (cand + offset < num_labels)  # the last shard's padding rows are never candidates
     return jnp.where(mask, cand, rows), mask
 
@@ -426,3 +429,24 @@ def topk_lsh(mesh: jax.sharding.Mesh, params: Params, hash_fn: Any, tables: lsh.
 
     specs = (state_specs(params), P(), lsh.Tables(P(MODEL), P(MODEL)), _batch_specs(batch))
     return _shard_map(local, mesh, specs, P(DATA))(params, hash_fn, tables, batch)
+
+
+def on_mesh(mesh: jax.sharding.Mesh, num_labels: int, batch_size: int) -> Any:
+    """This module's functions bound to a mesh, with hwrepro.sparse's signatures (init_state, make_train_step,
+    rebuild, redraw, topk, topk_lsh, model_params), so a training loop written against hwrepro.sparse runs
+    sharded by swapping the namespace. model_params gathers the single-device layout (`gathered_params`)."""
+    def make_step(method, *, candidate_mode="shared", **kw):
+        if candidate_mode != "shared":
+            raise ValueError(f"candidate_mode={candidate_mode!r}: the sharded step has batch-shared candidates only")
+        return make_train_step(mesh, method, num_labels=num_labels, batch_size=batch_size, **kw)
+
+    return types.SimpleNamespace(
+        init_state=functools.partial(init_state, mesh),
+        make_train_step=make_step,
+        rebuild=functools.partial(rebuild, mesh),
+        redraw=functools.partial(redraw, mesh),
+        topk=lambda params, batch, k, **kw: topk(mesh, params, batch, k, num_labels=num_labels, **kw),
+        topk_lsh=lambda params, hash_fn, tables, batch, k, **kw: topk_lsh(
+            mesh, params, hash_fn, tables, batch, k, num_labels=num_labels, **kw),
+        model_params=lambda params: gathered_params(params, num_labels),
+    )
