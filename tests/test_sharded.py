@@ -244,3 +244,15 @@ def test_launch_with_two_model_shards_matches_the_single_device_run(tmp_path, ru
         assert finals["dense", "one"][f"test_P@{k}"] == pytest.approx(finals["dense", "two"][f"test_P@{k}"], abs=2e-3)
     p = finals["lsh", "one"]["test_P@1"]
     assert abs(finals["lsh", "two"]["test_P@1"] - p) < 4 * (p * (1 - p) / 1000) ** 0.5
+
+
+def test_several_processes_are_refused_until_launched():
+    from configs.slide_amazon import slide_config
+    from hwrepro.errors import ConfigError
+    from hwrepro.harness import runner
+
+    c = slide_config("tiny", "lsh")
+    c.parallel.update(model=2, processes=2)
+    c.numerics.cpu_devices = 1
+    with pytest.raises(ConfigError, match="parallel.processes=2"):
+        runner.validate(c)

@@ -41,6 +41,9 @@ def validate(config: Mapping[str, Any]) -> None:
     for field in ("model", "data", "processes"):
         if not isinstance(p[field], int) or p[field] < 1:
             raise ConfigError(f"parallel.{field}={p[field]!r} must be a positive integer")
+    if p["processes"] > 1:
+        raise ConfigError(f"parallel.processes={p['processes']}: runs over several processes are not launched yet "
+                          "(one process with numerics.cpu_devices devices is)")
     n = config["numerics"]
     mesh_size = p["model"] * p["data"]
     if n["platform"] == "cpu":
