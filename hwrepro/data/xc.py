@@ -450,6 +450,8 @@ class XCShape:
 SHAPES = {
     "amazon670k": XCShape("amazon670k", 135_909, 670_091, 490_449, 153_025, 75.0, 5.4),
     "wikilsh325k": XCShape("wikilsh325k", 1_617_899, 325_056, 1_778_351, 587_084, 42.0, 3.2),
+    # Amazon-3M: sizes from the XC repository (design.md); per-point statistics are Amazon-670K's, not measured on it.
+    "amazon3m": XCShape("amazon3m", 337_067, 2_812_281, 1_717_899, 742_507, 75.0, 5.4),
     "tiny": XCShape("tiny", 2_000, 300, 4_000, 1_000, 20.0, 2.5, signature_size=8, signal=0.6),
 }
 

@@ -18,11 +18,11 @@ import numpy as np
 from hwrepro import data as hwdata
 from hwrepro import sparse
 from hwrepro.errors import ConfigError
-from hwrepro.harness import numerics
+from hwrepro.harness import numerics, parallel
 from hwrepro.harness.loop import fit
 from hwrepro.harness.progress import Progress
 from hwrepro.harness.records import Run
-from hwrepro.sparse import lsh
+from hwrepro.sparse import lsh, sharded
 from hwrepro.sparse.hashes import FAMILIES
 
 KS = (1, 3, 5)
@@ -49,6 +49,13 @@ def validate(config: ml_collections.ConfigDict) -> None:
             raise ConfigError(f"{name}={config[group][field]} must be positive")
     if config.eval.final_points < 0:
         raise ConfigError(f"eval.final_points={config.eval.final_points} must not be negative")
+    if parallel.is_sharded(config) and m.method != "dense":
+        if m.candidate_mode != "shared":
+            raise ConfigError(f"model.candidate_mode={m.candidate_mode!r}: a parallel.model x parallel.data mesh runs "
+                              "batch-shared candidates only")
+        if m.num_candidates % config.parallel.model:
+            raise ConfigError(f"model.num_candidates={m.num_candidates} is not a multiple of "
+                              f"parallel.model={config.parallel.model}")
     if d.dataset == "text8" and m.candidate_mode == "per_example" and m.num_candidates < 2 * d.window:
         raise ConfigError(f"model.num_candidates={m.num_candidates} is below the {2 * d.window} context words")
 
@@ -65,19 +72,20 @@ def lsh_spec(config: ml_collections.ConfigDict) -> sparse.LshSpec:
 
 
 def evaluate(state: sparse.SlideState, eval_set, batch_size: int, use_lsh: bool, bucket_capacity: int,
-             dtype: Any, num_labels: int, progress: Progress | None = None) -> dict[str, float]:
+             dtype: Any, num_labels: int, progress: Progress | None = None, ops: Any = sparse) -> dict[str, float]:
     """P@1, P@3, P@5 over every point of `eval_set` (padding rows, mask False, are left out).
 
-    `progress` (counting batches) is for the final evaluation, minutes long at Amazon-670K scale."""
+    `progress` (counting batches) is for the final evaluation, minutes long at Amazon-670K scale. `ops`:
+    hwrepro.sparse, or its mesh version (hwrepro.sparse.sharded.on_mesh)."""
     hits = {k: 0.0 for k in KS}
     count = 0
     for i, batch in enumerate(eval_set.ordered(batch_size), 1):
         del batch["mask"]  # padding rows have no labels: precision_at_k leaves them out
         if use_lsh:
-            ids = sparse.topk_lsh(state.params, state.hash_fn, state.tables, batch, max(KS),
+            ids = ops.topk_lsh(state.params, state.hash_fn, state.tables, batch, max(KS),
                                  bucket_capacity=bucket_capacity, dtype=dtype)
         else:
-            ids = sparse.topk(state.params, batch, max(KS), dtype=dtype)
+            ids = ops.topk(state.params, batch, max(KS), dtype=dtype)
         labelled = int(np.any(batch["labels"] < num_labels, axis=1).sum())
         for name, p in sparse.precision_at_k(ids, batch["labels"], KS, num_labels).items():
             hits[int(name[2:])] += float(p) * labelled
@@ -102,11 +110,17 @@ def run(config: ml_collections.ConfigDict, rec: Run):
               f"method {m.method}" + (f" ({m.candidate_mode}, {m.num_candidates} candidates)"
                                       if m.method != "dense" else ""))
     compute_dtype = numerics.jnp_dtype(config.numerics.precision)
+    ops = sparse  # one device; a mesh: the same functions over it (hwrepro.sparse.sharded)
+    if parallel.is_sharded(config):
+        mesh = parallel.mesh(config)
+        ops = sharded.on_mesh(mesh, data.num_labels, config.train.batch_size)
+        rec.print(f"mesh: data {mesh.shape['data']} x model {mesh.shape['model']} over {jax.device_count()} "
+                  f"{jax.default_backend()} devices in {jax.process_count()} process(es)")
     spec = lsh_spec(config)
     init_key, step_key, table_key = jax.random.split(jax.random.key(config.seed), 3)
-    state = sparse.init_state(init_key, data.num_features, data.num_labels, m.hidden, method=m.method,
+    state = ops.init_state(init_key, data.num_features, data.num_labels, m.hidden, method=m.method,
                              param_dtype=numerics.jnp_dtype(config.numerics.param_dtype), lsh_spec=spec)
-    step_fn = sparse.make_train_step(m.method, learning_rate=config.train.learning_rate,
+    step_fn = ops.make_train_step(m.method, learning_rate=config.train.learning_rate,
                                     num_candidates=m.num_candidates, candidate_mode=m.candidate_mode,
                                     bucket_capacity=m.bucket_capacity, min_count=m.min_count, sampler=m.sampler,
                                     compute_dtype=compute_dtype)
@@ -125,7 +139,7 @@ def run(config: ml_collections.ConfigDict, rec: Run):
         jax.block_until_ready(state)  # steps still in flight are training time, not rebuild time
         t = time.time()
         key = jax.random.fold_in(table_key, step)
-        state = sparse.redraw(state, key) if schedule.redraw_due(step) else sparse.rebuild(state, key)
+        state = ops.redraw(state, key) if schedule.redraw_due(step) else ops.rebuild(state, key)
         jax.block_until_ready(state.tables)
         timing["rebuild_seconds"] += time.time() - t
         timing["rebuilds"] += 1
@@ -134,7 +148,7 @@ def run(config: ml_collections.ConfigDict, rec: Run):
     def eval_subset(state):
         t = time.time()
         out = evaluate(state, data.subset, config.eval.batch_size, False, m.bucket_capacity, compute_dtype,
-                       data.num_labels)
+                       data.num_labels, ops=ops)
         timing["eval_seconds"] += time.time() - t
         return out
 
@@ -156,9 +170,9 @@ def run(config: ml_collections.ConfigDict, rec: Run):
         progress = Progress(num_batches, f"{config.name} final eval, {scoring}", unit="batch", units="batches")
         final.update({prefix + k: v for k, v in evaluate(
             state, data.test, config.eval.batch_size, use_lsh, m.bucket_capacity, compute_dtype,
-            data.num_labels, progress).items()})
+            data.num_labels, progress, ops).items()})
     final["final_eval_seconds"] = time.time() - t
     where = f" on {config.eval.final_points} test points" if config.eval.final_points else " on the whole test split"
     rec.print(f"{m.method}: {final['seconds_per_epoch']:.1f} s/epoch (rebuilds {timing['rebuild_seconds']:.1f} s), "
               + " ".join(f"P@{k} {final[f'test_P@{k}']:.4f}" for k in KS) + where)
-    return final, sparse.model_params(state.params)
+    return final, ops.model_params(state.params)

@@ -26,6 +26,9 @@ def numerics_config() -> ml_collections.ConfigDict:
     n.gpu_deterministic = False   # XLA --xla_gpu_deterministic_ops (the analogue of cuDNN determinism)
     n.gpu_autotune = True         # False sets --xla_gpu_autotune_level=0
     n.xla_flags = ""              # extra raw XLA flags, appended last
+    # CPU devices per process (jax_num_cpu_devices, set before JAX starts): 0 = JAX's default (one). A
+    # parallel.model x parallel.data mesh on the CPU needs that many devices over all processes.
+    n.cpu_devices = 0
     # Large allocations on transparent huge pages (glibc.malloc.hugetlb=1, set when the process starts, so the
     # launcher runs the experiment in a child process): fewer TLB misses on SLIDE's random row gathers
     # (docs/benchmarks.md). Changes speed only, never a bit.
@@ -45,6 +48,12 @@ def base_config(experiment: str) -> ml_collections.ConfigDict:
     c.name = experiment           # used for the default workdir runs/<name>-<time>
     c.seed = 0
     c.numerics = numerics_config()
+
+    # The device mesh (hwrepro.sparse.sharded): one field, one meaning. 1 x 1 is today's single-device run.
+    c.parallel = ml_collections.ConfigDict()
+    c.parallel.model = 1          # devices the output layer's rows (label ids) are split over: mesh axis "model"
+    c.parallel.data = 1           # devices each batch is split over: mesh axis "data"
+    c.parallel.processes = 1      # processes joined by jax.distributed (each with numerics.cpu_devices devices)
 
     c.data = ml_collections.ConfigDict()
     c.data.source = "auto"        # auto: real data when found under data.dir, else the synthetic stand-in

@@ -45,6 +45,9 @@ def validate(n: Mapping[str, Any]) -> None:
     check("param_dtype", DTYPES)
     check("matmul_precision", MATMUL_PRECISIONS)
     check("cpu_max_isa", CPU_ISAS)
+    cpu_devices = n.get("cpu_devices", 0)
+    if not isinstance(cpu_devices, int) or cpu_devices < 0:
+        raise ConfigError(f"numerics.cpu_devices={cpu_devices!r} must be 0 (JAX's default) or a positive integer")
     available = len(os.sched_getaffinity(0))
     if not 0 <= n["threads"] <= available:
         raise ConfigError(f"numerics.threads={n['threads']} must be between 0 (all) and {available}, "
@@ -105,10 +108,14 @@ def jax_platforms(n: Mapping[str, Any]) -> str:
 
 
 def environment(n: Mapping[str, Any], base: Mapping[str, str]) -> dict[str, str]:
-    """`base` with what these numerics need before JAX starts: XLA_FLAGS, platform, thread variables."""
+    """`base` with what these numerics need before JAX starts: XLA_FLAGS, platform, thread variables, CPU
+    devices (JAX_NUM_CPU_DEVICES, the environment form of jax_num_cpu_devices, read when JAX's CPU backend
+    starts)."""
     env = dict(base)
     env["XLA_FLAGS"] = xla_flags(n, base.get("XLA_FLAGS", ""))
     env["JAX_PLATFORMS"] = jax_platforms(n)
+    if n.get("cpu_devices", 0):
+        env["JAX_NUM_CPU_DEVICES"] = str(n["cpu_devices"])
     if n["threads"]:
         for name in _THREAD_ENV:
             env[name] = str(n["threads"])
@@ -116,7 +123,7 @@ def environment(n: Mapping[str, Any], base: Mapping[str, str]) -> dict[str, str]
 
 
 def apply_before_jax(n: Mapping[str, Any]) -> None:
-    """Sets XLA_FLAGS, JAX_PLATFORMS, thread variables and CPU affinity in this process.
+    """Sets XLA_FLAGS, JAX_PLATFORMS, thread variables, CPU devices and CPU affinity in this process.
 
     Raises RuntimeError if JAX is already imported: the flags would silently not apply.
     """
@@ -158,6 +165,8 @@ def applied() -> dict[str, Any]:
     return {
         "backend": jax.default_backend(),
         "devices": [str(d) for d in devices],
+        "device_count": jax.device_count(),
+        "process_count": jax.process_count(),
         "device_kind": devices[0].device_kind,
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "jax_platforms": os.environ.get("JAX_PLATFORMS", ""),

@@ -22,7 +22,7 @@ import ml_collections
 
 from hwrepro import experiments
 from hwrepro.errors import ConfigError, HwreproError, PlatformUnavailable, RunFailed
-from hwrepro.harness import interrupts, numerics
+from hwrepro.harness import interrupts, numerics, parallel
 
 EXIT_DONE, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_SKIPPED = 0, 1, 2, 3
 
@@ -47,6 +47,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     if not isinstance(config.seed, int) or config.seed < 0:
         raise ConfigError(f"seed={config.seed!r} must be a non-negative integer")
     numerics.validate(config.numerics)
+    parallel.validate(config)
 
 
 def _leaves(config: ml_collections.ConfigDict, prefix: str = "") -> list[tuple[str, Any]]:

@@ -39,10 +39,22 @@ def topk(params: Params, batch: Batch, k: int, chunk: int = 131072, dtype: Any =
     params = model_params(params)
     p_in, p_out = params["input"], params["output"]
     h = model.sparse_hidden(p_in["embedding"], p_in["bias"], batch["feat_ids"], batch["feat_vals"], dtype)
-    weight, bias = p_out["weight"], p_out["bias"]
+    return scored_topk(p_out["weight"], p_out["bias"], h, k, chunk, dtype)[1]
+
+
+def scored_topk(weight: jax.Array, bias: jax.Array, h: jax.Array, k: int, chunk: int = 131072,
+                dtype: Any = jnp.float32, num_valid: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+    """(logits float32 [B, k], row ids int32 [B, k]) of the k best rows of weight [n, H], bias [n] for h [B, H].
+
+    `topk`'s scoring, also what each shard of hwrepro.sparse.sharded runs on its own rows; num_valid (a scalar,
+    may be traced): rows at and after it score -inf (a shard's padding rows). Chunked as `topk` says.
+    """
     n = weight.shape[0]
     if chunk >= n:
-        return jax.lax.top_k(model.candidate_logits(weight, bias, h, dtype), k)[1]
+        z = model.candidate_logits(weight, bias, h, dtype)
+        if num_valid is not None:
+            z = jnp.where(jnp.arange(n) < num_valid, z, -jnp.inf)
+        return jax.lax.top_k(z, k)
 
     def body(best, i):
         # The last chunk is shifted back to end at n; ids already scored by the previous chunk are masked.
@@ -50,7 +62,10 @@ def topk(params: Params, batch: Batch, k: int, chunk: int = 131072, dtype: Any =
         z = model.candidate_logits(jax.lax.dynamic_slice_in_dim(weight, start, chunk),
                                    jax.lax.dynamic_slice_in_dim(bias, start, chunk), h, dtype)
         ids = start + jnp.arange(chunk, dtype=jnp.int32)
-        v, j = blocked_top_k(jnp.where(ids >= i * chunk, z, -jnp.inf), k)
+        keep = ids >= i * chunk
+        if num_valid is not None:
+            keep = keep & (ids < num_valid)
+        v, j = blocked_top_k(jnp.where(keep, z, -jnp.inf), k)
         all_v = jnp.concatenate([best[0], v], axis=1)
         all_i = jnp.concatenate([best[1], ids[j]], axis=1)
         v, j = jax.lax.top_k(all_v, k)
@@ -58,8 +73,8 @@ def topk(params: Params, batch: Batch, k: int, chunk: int = 131072, dtype: Any =
 
     b = h.shape[0]
     init = (jnp.full((b, k), -jnp.inf, jnp.float32), jnp.zeros((b, k), jnp.int32))
-    (_, ids), _ = jax.lax.scan(body, init, jnp.arange(-(-n // chunk), dtype=jnp.int32))
-    return ids
+    best, _ = jax.lax.scan(body, init, jnp.arange(-(-n // chunk), dtype=jnp.int32))
+    return best
 
 
 @functools.partial(jax.jit, static_argnames=("k", "bucket_capacity", "dtype"))

@@ -1,0 +1,125 @@
+"""The sharded SLIDE step at Amazon-670K's shape: step time, per-device memory of the output layer, and the
+bytes each step sends between devices, for several (data, model) meshes in one run.
+
+    python benchmarks/shard_bench.py                          # meshes 1x1, 1x2, 2x1 (data x model), method lsh
+    python benchmarks/shard_bench.py --meshes 1x1,1x2 --method sampled --steps 10
+
+Each mesh runs in its own child process with JAX_NUM_CPU_DEVICES = data * model (JAX fixes its devices when
+it starts). Per device, "output layer" is W, b, their row-Adam moments and the LSH tables, read from the
+arrays' addressable shards. Bytes sent: computed from the shapes (hwrepro.sparse.sharded's docstring lists the
+collectives), and measured as the result sizes of the all-gather / all-reduce ops in the compiled step's HLO.
+Batches are random (feature and label ids uniform): timing, not learning.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+F, N, H, B, FMAX, LMAX, M = 135_909, 670_091, 128, 128, 128, 32, 8192
+_BYTES = {"f32": 4, "s32": 4, "u32": 4, "pred": 1, "bf16": 2, "u16": 2, "f64": 8, "s64": 8, "u64": 8}
+
+
+def hlo_collective_bytes(hlo: str) -> dict[str, int]:
+    """Result bytes of each kind of collective in an HLO module's text (per device, per call)."""
+    out: dict[str, int] = {}
+    for line in hlo.splitlines():
+        m = re.search(r"=\s*(\(?[^=]*?\)?)\s+(all-gather|all-reduce|reduce-scatter|all-to-all|collective-permute)"
+                      r"(-start)?\(", line)
+        if not m:
+            continue
+        size = sum(_BYTES.get(t, 4) * (eval("*".join(d.split(",")) or "1") if d else 1)
+                   for t, d in re.findall(r"(\w+)\[([\d,]*)\]", m.group(1)))
+        out[m.group(2)] = out.get(m.group(2), 0) + size
+    return out
+
+
+def computed_bytes(method: str, data: int, model: int) -> int:
+    """Bytes one device receives per step from the collectives of the sharded step (docstring's list)."""
+    bp = B // data
+    total = 0
+    if method != "dense":
+        if data > 1:
+            total += 4 * B * LMAX + (4 * B * H if method == "lsh" else 0)            # labels (+ h) all_gather
+            total += 4 * B * FMAX * (H + 1)                                          # E rows + ids all_gather
+            total += 4 * ((M // model) * (H + 1) + H + 1)                            # W, b rows, hidden bias psum
+        if model > 1:
+            total += 4 * (bp + 3 * bp + bp * H)                                      # pmax, psum [B',3], g_h psum
+    else:
+        if model > 1:
+            total += 4 * (bp + 3 * bp + bp * H)
+        if data > 1:
+            total += 4 * ((-(-N // model)) * (H + 1) + F * H + H)
+    return total
+
+
+def child(method: str, data: int, model: int, steps: int) -> dict:
+    import jax
+    import numpy as np
+
+    from hwrepro import sparse
+    from hwrepro.sparse import sharded
+
+    mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:data * model]).reshape(data, model), ("data", "model"))
+    t = time.time()
+    state = sharded.init_state(mesh, jax.random.key(0), F, N, H, method=method)
+    jax.block_until_ready(state)
+    init_s = time.time() - t
+    per_device: dict[str, int] = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
+        names = sharded._names(path)
+        if not ({"tables", "output", "weight", "out_bias"} & set(names)):
+            continue
+        for shard in leaf.addressable_shards:
+            per_device[str(shard.device)] = per_device.get(str(shard.device), 0) + shard.data.nbytes
+    rng = np.random.default_rng(0)
+    batches = [{"feat_ids": rng.integers(0, F, (B, FMAX)).astype(np.int32),
+                "feat_vals": rng.random((B, FMAX)).astype(np.float32),
+                "labels": rng.integers(0, N, (B, LMAX)).astype(np.int32)} for _ in range(4)]
+    step = sharded.make_train_step(mesh, method, num_labels=N, batch_size=B, learning_rate=1e-3, num_candidates=M)
+    key = jax.random.key(1)
+    hlo = step.lower(state, batches[0], key).compile().as_text()
+    for i in range(3):
+        state, metrics = step(state, batches[i % 4], jax.random.fold_in(key, i))
+    jax.block_until_ready(metrics)
+    t = time.time()
+    for i in range(steps):
+        state, metrics = step(state, batches[i % 4], jax.random.fold_in(key, i))
+    jax.block_until_ready(metrics)
+    return {"method": method, "data": data, "model": model, "step_ms": 1e3 * (time.time() - t) / steps,
+            "init_s": round(init_s, 1), "output_layer_MB_per_device": {d: round(b / 2**20, 1)
+                                                                       for d, b in sorted(per_device.items())},
+            "bytes_per_step_computed": computed_bytes(method, data, model),
+            "hlo_collective_result_bytes": hlo_collective_bytes(hlo)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--meshes", default="1x1,1x2,2x1", help="data x model meshes, comma-separated")
+    ap.add_argument("--method", default="lsh", choices=("lsh", "sampled", "dense"))
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--child", default="", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.child:
+        data, model = map(int, a.child.split("x"))
+        print("RESULT " + json.dumps(child(a.method, data, model, a.steps)), flush=True)
+        return
+    for mesh in a.meshes.split(","):
+        data, model = map(int, mesh.split("x"))
+        env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES=str(data * model))
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+        proc = subprocess.run([sys.executable, __file__, "--child", mesh, "--method", a.method,
+                               "--steps", str(a.steps)], capture_output=True, text=True, env=env)
+        lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+        print(lines[-1][7:] if lines else f"mesh {mesh} failed: {proc.stderr[-2000:]}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

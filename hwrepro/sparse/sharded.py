@@ -1,0 +1,452 @@
+"""SLIDE's training step and evaluation over a (data, model) device mesh, with `jax.shard_map`.
+
+The single-device path (hwrepro.sparse.training) is untouched; this module reuses its state, its pieces
+(unique_rows, batch_shared_candidates, the row-sparse Adam, the model's logits) and adds what sharding needs.
+
+Layout (N_pad = num_labels rounded up to a multiple of `model`; n = N_pad / model rows per shard; shard s owns
+global label ids [s * n, (s + 1) * n); the <= model - 1 padding rows at the end are zero, never a candidate,
+never scored):
+  W [N_pad, H], b [N_pad], their row-Adam moments (or dense Adam moments)   P("model"): split by label
+  LSH tables: ids int32 [model, L, n] (local ids), starts [model, L, buckets + 1]  P("model"): one set per shard
+  E [F, H], hidden bias [H], their Adam moments, hash functions, counters   P(): replicated
+  batches (feat_ids, feat_vals, labels) [B, ...]                             P("data"): split by example
+Each shard builds and rebuilds its tables over its own rows only; the hash functions are shared.
+
+A sparse step ("lsh", "sampled"; batch-shared candidates), per device (d, s), with B' = B / data:
+  1. h [B', H] from E at the local batch's unique features (replicated E: no communication).
+  2. all_gather over `data` of labels [B, Lmax] int32 (and, for lsh, of h [B, H]): every data replica of shard
+     s sees the whole batch, so all of them select the same candidates and apply the same update.
+  3. Candidates on shard s only: the batch's true labels that s owns, ids retrieved from s's tables, random
+     ids of s (key folded with s): M / model local ids, so no shard touches another's rows.
+  4. Logits [B', M / model] at the local candidates. The softmax over the union of all shards' candidates is
+     exact: pmax over `model` of the row maxima [B', 1], then one psum over `model` of [B', 3] (sum of exp,
+     target weight, target . logits). Loss: psum over `data` of a scalar.
+  5. Gradients: the hidden activations' g_h [B', H] psum over `model` (every shard holds part of the
+     logits); W and b rows [M / model, H + 1] psum over `data` (same rows on every data replica);
+     hidden-bias gradient [H] psum over `data`.
+  6. The input embedding stays replicated, with reduced sparse row updates: with data > 1, all_gather over
+     `data` of each replica's unique feature ids [B' F] and gradient rows [B' F, H], then one unique + segment
+     sum, so every replica applies the same row-sparse Adam update to the same rows. Sharding E by feature
+     would need an all-to-all of rows forward and back each step for a table that is small next to W.
+  7. Row-sparse Adam on the local rows of W, b (and on E's reduced rows); dense Adam on the hidden bias.
+  Per step and device, in float32 words: all_gather B Lmax (+ B H for lsh) and, with data > 1, B F (H + 1);
+  psums of 3 B' + 1 (+ B' for pmax) over `model`, B' H over `model`, (M / model) (H + 1) + H + 1 over `data`.
+
+The dense method (vocab-parallel full softmax): logits [B', n] on each shard's rows, the same exact
+normaliser (step 4), then dense gradients: g_h psum over `model`, and over `data` the dense gradients of
+everything (W and b shards [n, H + 1], E [F, H], hidden bias): plain data parallelism.
+
+Evaluation: each shard scores its own rows (chunked top-k), all_gather over `model` of its top-k
+[B', k] values and ids, and one top-k of the model * k merged: the global top-k, equal to unsharded scoring.
+
+    mesh = parallel.mesh(config)                               # axes ("data", "model")
+    state = init_state(mesh, key, num_features, num_labels, hidden, method="lsh")
+    step = make_train_step(mesh, "lsh", num_labels=num_labels, ...); state, metrics = step(state, batch, key)
+    ids = topk(mesh, state.params, batch, k, num_labels=num_labels)
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax import lax
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from hwrepro.models import sparse_layers as model
+from hwrepro.sparse import lsh, sparse_adam, training
+from hwrepro.sparse.candidates import SAMPLERS, batch_shared_candidates, unique_rows
+from hwrepro.sparse.evaluation import scored_topk
+from hwrepro.sparse.training import Batch, LshSpec, Params, SlideState, SparseOptState, StepFn, row_tables
+
+DATA, MODEL = "data", "model"
+METHODS = training.METHODS
+
+
+def padded_labels(num_labels: int, model_shards: int) -> int:
+    """N_pad: num_labels rounded up to a multiple of the `model` axis (the rows W is stored with)."""
+    return -(-num_labels // model_shards) * model_shards
+
+
+def _names(path) -> list[str]:
+    return [str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", "")))) for k in path]
+
+
+def state_specs(state: Any) -> Any:
+    """The PartitionSpec of every leaf of a SlideState (or of its params / optimizer state): P("model") for
+    the output layer, its moments and the LSH tables (split along their first axis), P() for the rest."""
+    def spec(path, leaf):
+        names = _names(path)
+        if "hash_fn" in names:
+            return P()
+        if {"tables", "output", "weight", "out_bias"} & set(names):
+            return P(MODEL)
+        return P()
+    return jax.tree_util.tree_map_with_path(spec, state)
+
+
+def _shard_map(f, mesh, in_specs, out_specs):
+    # Collectives are written out explicitly in each local function; check_vma=False leaves them as written.
+    return jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
+
+
+def _batch_specs(batch: Batch) -> Any:
+    return jax.tree_util.tree_map(lambda _: P(DATA), batch)
+
+
+def _axis_size(mesh, name: str) -> int:
+    return mesh.shape[name]
+
+
+# -------------------------------------------------------------------------------------------------- state
+
+
+def init_state(
+    mesh: jax.sharding.Mesh,
+    key: jax.Array,
+    num_features: int,
+    num_labels: int,
+    hidden: int = 128,
+    *,
+    method: str = "lsh",
+    param_dtype: Any = jnp.float32,
+    moment_dtype: Any = jnp.float32,
+    lsh_spec: LshSpec = LshSpec(),
+) -> SlideState:
+    """training.init_state's state laid out over `mesh` (module docstring): the same parameter values (same
+    key use), W and b padded with zero rows to N_pad, and LSH tables built per shard over its own rows."""
+    # training.init_state's draws exactly (the "lsh" tables are built below, per shard, with its table key),
+    # then padded and placed: the whole W passes through one device once.
+    state = training.init_state(key, num_features, num_labels, hidden,
+                                method="sampled" if method == "lsh" else method, param_dtype=param_dtype,
+                                moment_dtype=moment_dtype)
+    pad = padded_labels(num_labels, _axis_size(mesh, MODEL)) - num_labels
+    specs = state_specs(state)
+    state = jax.tree_util.tree_map(
+        lambda x, spec: jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1)) if spec == P(MODEL) else x, state, specs)
+    state = jax.device_put(state, jax.tree_util.tree_map(lambda spec: NamedSharding(mesh, spec), specs))
+    if method != "lsh":
+        return state
+    _, k_hash, k_tables = jax.random.split(key, 3)
+    hash_fn = jax.device_put(lsh_spec.init(k_hash, hidden), NamedSharding(mesh, P()))
+    tables = build_tables(mesh, hash_fn, state.params["output"]["weight"], k_tables)
+    return state.replace(hash_fn=hash_fn, tables=tables, lsh_spec=lsh_spec)
+
+
+def build_tables(mesh: jax.sharding.Mesh, hash_fn: Any, weight: jax.Array, key: jax.Array) -> lsh.Tables:
+    """LSH tables per shard over its own rows of weight [N_pad, H] (P("model")): Tables(ids int32
+    [model, L, n] local ids, starts [model, L, buckets + 1]), P("model"). Shard s's in-bucket order is drawn
+    from key folded with s. No communication."""
+    def local(fn, w, k):
+        k = jax.random.fold_in(k, lax.axis_index(MODEL))
+        t = lsh.build_tables(fn, sparse_adam.from_storage(w).astype(jnp.float32), k)
+        return lsh.Tables(ids=t.ids[None], starts=t.starts[None])
+
+    return _shard_map(local, mesh, (P(), P(MODEL), P()), lsh.Tables(P(MODEL), P(MODEL)))(hash_fn, weight, key)
+
+
+@functools.partial(jax.jit, static_argnums=0, donate_argnums=1)
+def rebuild(mesh: jax.sharding.Mesh, state: SlideState, key: jax.Array) -> SlideState:
+    """Re-inserts each shard's current rows of W into its own tables (same hash functions)."""
+    return state.replace(tables=build_tables(mesh, state.hash_fn, state.params["output"]["weight"], key))
+
+
+@functools.partial(jax.jit, static_argnums=0, donate_argnums=1)
+def redraw(mesh: jax.sharding.Mesh, state: SlideState, key: jax.Array) -> SlideState:
+    """Draws new (shared) hash functions and builds every shard's tables for them."""
+    k_hash, k_tables = jax.random.split(key)
+    weight = state.params["output"]["weight"]
+    hash_fn = state.lsh_spec.init(k_hash, weight.shape[1])
+    return state.replace(hash_fn=hash_fn, tables=build_tables(mesh, hash_fn, weight, k_tables))
+
+
+def gathered_params(params: Params, num_labels: int) -> Params:
+    """The modules' parameters in the single-device layout (padding rows dropped): what param_sha256 hashes,
+    comparable with an unsharded run. Reading them (np.asarray) gathers the shards."""
+    params = training.model_params(params)
+    out = params["output"]
+    return {"input": dict(params["input"]),
+            "output": {"weight": out["weight"][:num_labels], "bias": out["bias"][:num_labels]}}
+
+
+# ------------------------------------------------------------------------------------------ the exact softmax
+
+
+def _local_labels(labels: jax.Array, offset: jax.Array, rows: int, num_labels: int) -> jax.Array:
+    """labels int32 [...] (global, padded with num_labels) as this shard's local ids; others -> rows."""
+    mine = (labels >= offset) & (labels < offset + rows) & (labels < num_labels)
+    return jnp.where(mine, labels - offset, rows)
+
+
+def _targets(labels: jax.Array, local_labels: jax.Array, cand: jax.Array, rows: int, num_labels: int) -> jax.Array:
+    """float32 [B', M'] targets at this shard's candidates cand [M'] (local ids in [0, rows], rows = padding):
+    1/|labels_b| (counted over all shards) at each of the example's labels this shard holds as a candidate."""
+    m = cand.shape[0]
+    pos = jnp.full(rows, m, jnp.int32).at[cand].set(jnp.arange(m, dtype=jnp.int32), mode="drop")
+    return model.label_targets(labels, num_labels, columns=pos.at[local_labels].get(mode="fill", fill_value=m),
+                               width=m)
+
+
+def sharded_xent(logits: jax.Array, targets: jax.Array, mask: jax.Array, batch_size: int
+                 ) -> tuple[jax.Array, jax.Array]:
+    """model.softmax_xent over the union of every `model` shard's columns, and its gradient.
+
+    logits, targets float32 [B', M'] (this shard's columns of this data replica's examples); mask bool
+    [M'] or [B', M'] (False: not in the softmax); batch_size: B, the global batch. Sends a pmax of [B', 1] and
+    a psum of [B', 3] over `model`, a psum of one scalar over `data`.
+
+    Returns (loss, replicated: the mean cross-entropy over the global batch; d loss / d logits [B', M']).
+    """
+    mask = jnp.broadcast_to(mask, logits.shape)
+    z_max = lax.pmax(jnp.max(jnp.where(mask, logits, -jnp.inf), axis=-1, keepdims=True), MODEL)
+    e = jnp.where(mask, jnp.exp(logits - z_max), 0.0)
+    parts = jnp.concatenate([jnp.sum(e, axis=-1, keepdims=True), jnp.sum(targets, axis=-1, keepdims=True),
+                             jnp.sum(jnp.where(targets > 0, targets * logits, 0.0), axis=-1, keepdims=True)], -1)
+    s, weight, tz = jnp.split(lax.psum(parts, MODEL), 3, axis=-1)
+    loss = lax.psum(jnp.sum(weight * (z_max + jnp.log(s)) - tz), DATA) / batch_size
+    return loss, (e * (weight / s) - targets) / batch_size
+
+
+# ----------------------------------------------------------------------------------------------------- steps
+
+
+def _select(state: SlideState, all_labels: jax.Array, all_h: jax.Array | None, key: jax.Array, *, num_labels,
+            m_local, bucket_capacity, min_count, sampler) -> tuple[jax.Array, jax.Array]:
+    """This shard's candidates for the whole batch: local ids int32 [M'] ascending (rows at unfilled slots)
+    and mask bool [M']. Labels it owns, ids from its own tables, random ids of its own rows; never another's."""
+    rows = state.params["output"]["weight"].shape[0]
+    shard = lax.axis_index(MODEL)
+    offset = shard * rows
+    retrieved = None
+    if all_h is not None:
+        tables = lsh.Tables(ids=state.tables.ids[0], starts=state.tables.starts[0])
+        retrieved = lsh.query(state.hash_fn, tables, all_h, bucket_capacity)
+    # One shard draws with the step's key itself: a data-parallel-only run picks the single-device candidates.
+    key = key if lax.psum(1, MODEL) == 1 else jax.random.fold_in(key, shard)
+    cand, mask = batch_shared_candidates(_local_labels(all_labels, offset, rows, num_labels), retrieved,
+                                         key, m_local, rows, min_count, sampler)
+    mask = mask & (cand + offset < num_labels)  # the last shard's padding rows are never candidates
+    return jnp.where(mask, cand, rows), mask
+
+
+def _hidden(p_in, batch, dtype):
+    """h [B', H] on the local batch's unique features, its vjp, the unique rows and their gathered values."""
+    feat_rows, inv = unique_rows(batch["feat_ids"], p_in["embedding"].shape[0])
+    e_rows = training._rows_at(p_in["embedding"], feat_rows)
+    h, vjp = jax.vjp(lambda r, bias: model.embedding_sum(r[inv], batch["feat_vals"], bias, dtype),
+                     e_rows, p_in["bias"])
+    return h, vjp, feat_rows, e_rows
+
+
+def _gather_batch(x: jax.Array, data: int) -> jax.Array:
+    return x if data == 1 else lax.all_gather(x, DATA, tiled=True)
+
+
+def _sparse_step(state: SlideState, batch: Batch, key: jax.Array, *, use_lsh, num_labels, m_local, bucket_capacity,
+                 min_count, sampler, dtype, row_opt, hidden_opt, data, batch_size) -> tuple[SlideState, dict]:
+    p_in, p_out = state.params["input"], state.params["output"]
+    num_features, rows = p_in["embedding"].shape[0], p_out["weight"].shape[0]
+    offset = lax.axis_index(MODEL) * rows
+    h, hidden_vjp, feat_rows, e_rows = _hidden(p_in, batch, dtype)
+
+    all_h = _gather_batch(jax.lax.stop_gradient(h), data) if use_lsh else None
+    cand, mask = _select(state, _gather_batch(batch["labels"], data), all_h, key, num_labels=num_labels,
+                         m_local=m_local, bucket_capacity=bucket_capacity, min_count=min_count, sampler=sampler)
+    targets = _targets(batch["labels"], _local_labels(batch["labels"], offset, rows, num_labels), cand, rows,
+                       num_labels)
+
+    w_rows = training._rows_at(p_out["weight"], cand)
+    b_rows = training._rows_at(p_out["bias"], cand)
+    z, logits_vjp = jax.vjp(lambda w, b, hh: model.candidate_logits(w, b, hh, dtype), w_rows, b_rows, h)
+    loss, g_z = sharded_xent(z, targets, mask, batch_size)
+    g_w, g_b, g_h = logits_vjp(g_z)
+    g_e, g_hb = hidden_vjp(lax.psum(g_h, MODEL))
+    e_now = e_rows
+    if data > 1:
+        g_w, g_b, g_hb = lax.psum((g_w, g_b, g_hb), DATA)
+        # Replicated E, reduced sparse rows: every replica sums the same gathered rows the same way.
+        all_rows = lax.all_gather(feat_rows, DATA, tiled=True)
+        feat_rows, slot = unique_rows(all_rows, num_features)
+        g_e = jax.ops.segment_sum(lax.all_gather(g_e, DATA, tiled=True), slot, all_rows.size)
+        e_now = None
+
+    tables, opt_rows = row_opt.update(
+        {"embedding": g_e, "weight": g_w, "out_bias": g_b},
+        {"embedding": feat_rows, "weight": cand, "out_bias": cand},
+        state.opt_state.rows, row_tables(state.params),
+        {"embedding": e_now, "weight": w_rows, "out_bias": b_rows})
+    hb_updates, opt_hb = hidden_opt.update(g_hb, state.opt_state.hidden_bias)
+    params = {"input": {"embedding": tables["embedding"], "bias": optax.apply_updates(p_in["bias"], hb_updates)},
+              "output": {"weight": tables["weight"], "bias": tables["out_bias"]}}
+    metrics = {"loss": loss, "candidates": lax.psum(jnp.sum(mask), MODEL).astype(jnp.float32)}
+    return state.replace(params=params, opt_state=SparseOptState(rows=opt_rows, hidden_bias=opt_hb),
+                         step=state.step + 1), metrics
+
+
+def _dense_step(state: SlideState, batch: Batch, key: jax.Array, *, tx, dtype, num_labels, data, batch_size
+                ) -> tuple[SlideState, dict]:
+    del key
+    params = state.params
+    p_in, p_out = params["input"], params["output"]
+    rows = p_out["weight"].shape[0]
+    offset = lax.axis_index(MODEL) * rows
+    h, hidden_vjp = jax.vjp(lambda e, bias: model.sparse_hidden(e, bias, batch["feat_ids"], batch["feat_vals"],
+                                                                dtype), p_in["embedding"], p_in["bias"])
+    z, logits_vjp = jax.vjp(lambda w, b, hh: model.candidate_logits(w, b, hh, dtype), p_out["weight"],
+                            p_out["bias"], h)
+    local = _local_labels(batch["labels"], offset, rows, num_labels)
+    targets = model.label_targets(batch["labels"], num_labels, columns=local, width=rows)
+    loss, g_z = sharded_xent(z, targets, offset + jnp.arange(rows) < num_labels, batch_size)
+    g_w, g_b, g_h = logits_vjp(g_z)
+    g_e, g_hb = hidden_vjp(lax.psum(g_h, MODEL))
+    grads = {"input": {"embedding": g_e, "bias": g_hb}, "output": {"weight": g_w, "bias": g_b}}
+    if data > 1:
+        grads = lax.psum(grads, DATA)
+    updates, opt_state = tx.update(grads, state.opt_state, params)
+    metrics = {"loss": loss, "candidates": jnp.asarray(num_labels, jnp.float32)}
+    return state.replace(params=optax.apply_updates(params, updates), opt_state=opt_state,
+                         step=state.step + 1), metrics
+
+
+def make_train_step(
+    mesh: jax.sharding.Mesh,
+    method: str,
+    *,
+    num_labels: int,
+    batch_size: int,
+    learning_rate: float = 1e-4,
+    num_candidates: int = 8192,
+    bucket_capacity: int = 16,
+    min_count: int = 2,
+    sampler: str = "uniform",
+    compute_dtype: Any = jnp.float32,
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-8,
+) -> StepFn:
+    """training.make_train_step over `mesh`: a jitted `(state, batch, key) -> (state, metrics)` donating state.
+
+    Batch-shared candidates only: num_candidates (M) must be a multiple of the `model` axis, each shard
+    choosing M / model of its own. batch_size: B, the global batch (a multiple of the `data` axis). What each
+    step sends between devices: the module docstring.
+    """
+    if method not in METHODS:
+        raise ValueError(f"method={method!r} is not one of {', '.join(map(repr, METHODS))}")
+    if sampler not in SAMPLERS:
+        raise ValueError(f"sampler={sampler!r} is not one of {', '.join(map(repr, SAMPLERS))}")
+    shards, data = _axis_size(mesh, MODEL), _axis_size(mesh, DATA)
+    if method == "dense":
+        local = functools.partial(_dense_step, tx=optax.adam(learning_rate, b1=b1, b2=b2, eps=eps),
+                                  dtype=compute_dtype, num_labels=num_labels, data=data, batch_size=batch_size)
+    else:
+        if num_candidates % shards:
+            raise ValueError(f"num_candidates={num_candidates} is not a multiple of the {shards} model shards")
+        local = functools.partial(
+            _sparse_step, use_lsh=method == "lsh", num_labels=num_labels, m_local=num_candidates // shards,
+            bucket_capacity=bucket_capacity, min_count=min_count, sampler=sampler, dtype=compute_dtype,
+            row_opt=sparse_adam.row_adam(learning_rate, b1, b2, eps),
+            hidden_opt=optax.adam(learning_rate, b1=b1, b2=b2, eps=eps), data=data, batch_size=batch_size)
+
+    def step(state, batch, key):
+        specs = state_specs(state)
+        return _shard_map(local, mesh, (specs, _batch_specs(batch), P()), (specs, P()))(state, batch, key)
+
+    return jax.jit(step, donate_argnums=0)
+
+
+def candidates(mesh: jax.sharding.Mesh, state: SlideState, batch: Batch, key: jax.Array, *, num_labels: int,
+               num_candidates: int, bucket_capacity: int = 16, min_count: int = 2, sampler: str = "uniform",
+               compute_dtype: Any = jnp.float32) -> tuple[jax.Array, jax.Array]:
+    """The candidates the step with the same arguments uses, as global ids: int32 [model, M / model] (shard
+    s's row, ascending; num_labels at unfilled slots) and the mask bool [model, M / model]."""
+    shards, data = _axis_size(mesh, MODEL), _axis_size(mesh, DATA)
+
+    def local(state, batch, key):
+        h = _hidden(state.params["input"], batch, compute_dtype)[0]
+        rows = state.params["output"]["weight"].shape[0]
+        cand, mask = _select(state, _gather_batch(batch["labels"], data),
+                             _gather_batch(h, data) if state.tables is not None else None, key,
+                             num_labels=num_labels, m_local=num_candidates // shards,
+                             bucket_capacity=bucket_capacity, min_count=min_count, sampler=sampler)
+        return jnp.where(mask, cand + lax.axis_index(MODEL) * rows, num_labels)[None], mask[None]
+
+    specs = state_specs(state)
+    return jax.jit(_shard_map(local, mesh, (specs, _batch_specs(batch), P()), (P(MODEL), P(MODEL))))(
+        state, batch, key)
+
+
+# ------------------------------------------------------------------------------------------------ evaluation
+
+
+def _merge_topk(values: jax.Array, ids: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+    """Global top-k from every shard's (values, global ids) [B', k]: all_gather over `model` of both, then one
+    top_k of the model * k. Ties go to the lower shard, i.e. the lower id, as in unsharded scoring."""
+    values = lax.all_gather(values, MODEL, axis=1, tiled=True)
+    ids = lax.all_gather(ids, MODEL, axis=1, tiled=True)
+    v, j = lax.top_k(values, k)
+    return v, jnp.take_along_axis(ids, j, axis=1)
+
+
+@functools.partial(jax.jit, static_argnames=("mesh", "k", "num_labels", "chunk", "dtype"))
+def topk(mesh: jax.sharding.Mesh, params: Params, batch: Batch, k: int, *, num_labels: int, chunk: int = 131072,
+         dtype: Any = jnp.float32) -> jax.Array:
+    """evaluation.topk over the mesh: int32 [B, k] (P("data")), best first, equal to unsharded scoring.
+
+    Each shard scores its own rows (chunks of `chunk`), then `_merge_topk`: sends [B', k] values and ids."""
+    def local(params, batch):
+        params = training.model_params(params)
+        p_in, p_out = params["input"], params["output"]
+        rows = p_out["weight"].shape[0]
+        offset = lax.axis_index(MODEL) * rows
+        h = model.sparse_hidden(p_in["embedding"], p_in["bias"], batch["feat_ids"], batch["feat_vals"], dtype)
+        v, ids = scored_topk(p_out["weight"], p_out["bias"], h, k, chunk, dtype, num_valid=num_labels - offset)
+        return _merge_topk(v, ids + offset, k)[1]
+
+    return _shard_map(local, mesh, (state_specs(params), _batch_specs(batch)), P(DATA))(params, batch)
+
+
+@functools.partial(jax.jit, static_argnames=("mesh", "k", "num_labels", "bucket_capacity", "dtype"))
+def topk_lsh(mesh: jax.sharding.Mesh, params: Params, hash_fn: Any, tables: lsh.Tables, batch: Batch, k: int, *,
+             num_labels: int, bucket_capacity: int = 16, dtype: Any = jnp.float32) -> jax.Array:
+    """evaluation.topk_lsh over the mesh: each shard scores the rows its own tables retrieve, then the merge.
+    int32 [B, k] (P("data")), -1 where fewer than k neurons were retrieved over all shards."""
+    def local(params, hash_fn, tables, batch):
+        params = training.model_params(params)
+        p_in, p_out = params["input"], params["output"]
+        rows = p_out["weight"].shape[0]
+        offset = lax.axis_index(MODEL) * rows
+        h = model.sparse_hidden(p_in["embedding"], p_in["bias"], batch["feat_ids"], batch["feat_vals"], dtype)
+        ids, z = model.lsh_logits(p_out["weight"], p_out["bias"], h, hash_fn,
+                                  lsh.Tables(tables.ids[0], tables.starts[0]), bucket_capacity, dtype)
+        z = jnp.where(ids + offset < num_labels, z, -jnp.inf)
+        v, j = lax.top_k(z, k)
+        v, ids = _merge_topk(v, jnp.take_along_axis(ids, j, axis=1) + offset, k)
+        return jnp.where(v > -jnp.inf, ids, -1)
+
+    specs = (state_specs(params), P(), lsh.Tables(P(MODEL), P(MODEL)), _batch_specs(batch))
+    return _shard_map(local, mesh, specs, P(DATA))(params, hash_fn, tables, batch)
+
+
+def on_mesh(mesh: jax.sharding.Mesh, num_labels: int, batch_size: int) -> Any:
+    """This module's functions bound to a mesh, with hwrepro.sparse's signatures (init_state, make_train_step,
+    rebuild, redraw, topk, topk_lsh, model_params), so a training loop written against hwrepro.sparse runs
+    sharded by swapping the namespace. model_params gathers the single-device layout (`gathered_params`)."""
+    def make_step(method, *, candidate_mode="shared", **kw):
+        if candidate_mode != "shared":
+            raise ValueError(f"candidate_mode={candidate_mode!r}: the sharded step has batch-shared candidates only")
+        return make_train_step(mesh, method, num_labels=num_labels, batch_size=batch_size, **kw)
+
+    return types.SimpleNamespace(
+        init_state=functools.partial(init_state, mesh),
+        make_train_step=make_step,
+        rebuild=functools.partial(rebuild, mesh),
+        redraw=functools.partial(redraw, mesh),
+        topk=lambda params, batch, k, **kw: topk(mesh, params, batch, k, num_labels=num_labels, **kw),
+        topk_lsh=lambda params, hash_fn, tables, batch, k, **kw: topk_lsh(
+            mesh, params, hash_fn, tables, batch, k, num_labels=num_labels, **kw),
+        model_params=lambda params: gathered_params(params, num_labels),
+    )

@@ -1,0 +1,258 @@
+"""The sharded SLIDE step and evaluation (hwrepro.sparse.sharded) against the single-device computation.
+
+The checks need 4 CPU devices, which JAX fixes when it starts, so they run together in one child process
+(`python tests/test_sharded.py`) with JAX_NUM_CPU_DEVICES=4; each test reads its result from it. The tiny
+problem has 62 labels over 4 model shards: the last shard holds 2 padding rows.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+NUM_FEATURES, NUM_LABELS, HIDDEN, BATCH, CANDIDATES, LR = 50, 62, 8, 8, 24, 1e-3
+MESHES = {"m4": (1, 4), "d2m2": (2, 2)}  # (data, model)
+
+
+# ------------------------------------------------------------------------------------------- in the child
+
+
+def _batch(seed):
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    feat_ids = rng.integers(0, NUM_FEATURES, (BATCH, 6)).astype(np.int32)
+    feat_ids[:, -1] = NUM_FEATURES  # padding slot
+    feat_vals = rng.random((BATCH, 6)).astype(np.float32) * (feat_ids < NUM_FEATURES)
+    labels = rng.integers(0, NUM_LABELS, (BATCH, 3)).astype(np.int32)
+    labels[::2, -1] = NUM_LABELS
+    labels[1, 0] = NUM_LABELS - 1  # a label on the last shard, next to its padding rows
+    return {"feat_ids": feat_ids, "feat_vals": feat_vals, "labels": labels}
+
+
+def _rel(a, b):
+    import numpy as np
+
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
+
+
+def _reference(params, batch, cand):
+    """Single-device loss and one optax Adam step (= row Adam on the touched rows, untouched rows unchanged at
+    step 1) with the candidate ids [M] given, or full softmax when cand is None."""
+    import jax
+    import optax
+
+    from hwrepro.models import sparse_layers as model
+    from hwrepro.sparse.candidates import shared_targets
+
+    def loss_fn(p):
+        h = model.sparse_hidden(p["input"]["embedding"], p["input"]["bias"], batch["feat_ids"], batch["feat_vals"])
+        if cand is None:
+            z = model.output_logits(p["output"]["weight"], p["output"]["bias"], h)
+            return model.softmax_xent(z, model.label_targets(batch["labels"], NUM_LABELS))
+        z = model.output_logits(p["output"]["weight"], p["output"]["bias"], h, cand)
+        return model.softmax_xent(z, shared_targets(batch["labels"], cand, NUM_LABELS), cand < NUM_LABELS)
+
+    loss, grads = jax.value_and_grad(loss_fn)(params)
+    tx = optax.adam(LR)
+    updates, _ = tx.update(grads, tx.init(params), params)
+    return loss, grads, optax.apply_updates(params, updates)
+
+
+def _first_moments(state, method):
+    """Adam's first moments after one step from zero, (1 - b1) * gradient, in the modules' layout."""
+    if method == "dense":
+        mu = state.opt_state[0].mu
+        return {"input": mu["input"], "output": mu["output"]}
+    rows = state.opt_state.rows.mu
+    return {"input": {"embedding": rows["embedding"], "bias": state.opt_state.hidden_bias[0].mu},
+            "output": {"weight": rows["weight"], "bias": rows["out_bias"]}}
+
+
+def _step_check(method, data, model_shards):
+    import jax
+    import numpy as np
+
+    from hwrepro import sparse
+    from hwrepro.sparse import sharded
+
+    mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:data * model_shards]).reshape(data, model_shards),
+                             ("data", "model"))
+    key, step_key = jax.random.split(jax.random.key(3))
+    spec = sparse.LshSpec("simhash", 3, 4)
+    state = sharded.init_state(mesh, key, NUM_FEATURES, NUM_LABELS, HIDDEN, method=method, lsh_spec=spec)
+    single = sparse.init_state(key, NUM_FEATURES, NUM_LABELS, HIDDEN, method=method, lsh_spec=spec)
+    before = jax.tree_util.tree_map(np.asarray, sharded.gathered_params(state.params, NUM_LABELS))
+    same_init = all(np.array_equal(a, b) for a, b in zip(
+        jax.tree_util.tree_leaves(before), jax.tree_util.tree_leaves(sparse.model_params(single.params))))
+    batch = _batch(1)
+    out = {"same_init": same_init}
+    cand = None
+    kw = dict(num_labels=NUM_LABELS, num_candidates=CANDIDATES, min_count=1, bucket_capacity=4)
+    if method != "dense":
+        ids, mask = jax.device_get(sharded.candidates(mesh, state, batch, step_key, **kw))
+        rows = -(-NUM_LABELS // model_shards)
+        owner = [bool(np.all((ids[s] == NUM_LABELS) | ((ids[s] >= s * rows) & (ids[s] < (s + 1) * rows))))
+                 for s in range(model_shards)]
+        labels = set(batch["labels"][batch["labels"] < NUM_LABELS].tolist())
+        out.update(own_rows_only=all(owner), labels_in=labels <= set(ids[mask].tolist()),
+                   padding_never=bool(np.all(ids[mask] < NUM_LABELS)))
+        cand = ids.ravel()
+    step = sharded.make_train_step(mesh, method, batch_size=BATCH, learning_rate=LR, **kw)
+    state, metrics = step(state, batch, step_key)
+    loss, grads, ref = _reference(before, batch, cand)
+    after = sharded.gathered_params(state.params, NUM_LABELS)
+    moments = jax.tree_util.tree_leaves(sharded.gathered_params(_first_moments(state, method), NUM_LABELS))
+    out["loss_rel"] = _rel(metrics["loss"], loss)
+    out["grads_rel"] = max(_rel(m, 0.1 * np.asarray(g)) for m, g in zip(moments, jax.tree_util.tree_leaves(grads)))
+    # Adam's first step moves an entry by lr g / (|g| + eps): well-conditioned where |g| >> eps (1e-8), there
+    # within 1e-6 relative; where |g| is a few eps, a 1e-7 relative gradient difference moves it visibly, so
+    # there only the step's bound (lr) is checked.
+    out["params_close"] = all(
+        np.allclose(np.where(big, a, b), b, rtol=1e-6, atol=1e-9) and np.all(np.abs(a - b) <= 2 * LR)
+        for a, b, big in zip(jax.tree_util.tree_leaves(after), jax.tree_util.tree_leaves(ref),
+                             [np.abs(np.asarray(g)) > 1e-5 for g in jax.tree_util.tree_leaves(grads)]))
+    out["rows_changed"] = int(np.sum(np.any(np.asarray(after["output"]["weight"]) != before["output"]["weight"], 1)))
+    if method == "lsh":
+        state = sharded.rebuild(mesh, state, jax.random.key(5))
+        t = jax.device_get(state.tables)
+        out["tables_local"] = bool(np.all(t.ids < rows)) and t.ids.shape == (model_shards, 4, rows)
+    return out
+
+
+def _topk_check(data, model_shards):
+    import jax
+    import numpy as np
+
+    from hwrepro import sparse
+    from hwrepro.sparse import sharded
+
+    mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:data * model_shards]).reshape(data, model_shards),
+                             ("data", "model"))
+    key = jax.random.key(7)
+    state = sharded.init_state(mesh, key, NUM_FEATURES, NUM_LABELS, HIDDEN, method="sampled")
+    single = sparse.init_state(key, NUM_FEATURES, NUM_LABELS, HIDDEN, method="sampled")
+    batch = _batch(2)
+    want = np.asarray(sparse.topk(single.params, batch, 5))
+    got = [np.asarray(sharded.topk(mesh, state.params, batch, 5, num_labels=NUM_LABELS, chunk=chunk))
+           for chunk in (6, 1 << 17)]
+    return {"equal": all(np.array_equal(g, want) for g in got)}
+
+
+def main():
+    results = {}
+    for name, (data, model_shards) in MESHES.items():
+        for method in ("lsh", "sampled", "dense"):
+            results[f"{method}-{name}"] = _step_check(method, data, model_shards)
+        results[f"topk-{name}"] = _topk_check(data, model_shards)
+    print("RESULTS " + json.dumps(results))
+
+
+# ------------------------------------------------------------------------------------------- the tests
+
+
+@pytest.fixture(scope="module")
+def results():
+    env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES="4")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    proc = subprocess.run([sys.executable, __file__], capture_output=True, text=True, env=env, timeout=600)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULTS ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    return json.loads(lines[-1][len("RESULTS "):])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mesh", list(MESHES))
+@pytest.mark.parametrize("method", ["lsh", "sampled", "dense"])
+def test_sharded_step_equals_single_device_with_the_same_candidates(results, method, mesh):
+    r = results[f"{method}-{mesh}"]
+    assert r["same_init"]
+    assert r["loss_rel"] < 1e-6, r
+    assert r["grads_rel"] < 1e-6, r
+    assert r["params_close"], r
+    assert r["rows_changed"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mesh", list(MESHES))
+@pytest.mark.parametrize("method", ["lsh", "sampled"])
+def test_each_shard_selects_only_its_own_rows(results, method, mesh):
+    r = results[f"{method}-{mesh}"]
+    assert r["own_rows_only"] and r["padding_never"] and r["labels_in"], r
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mesh", list(MESHES))
+def test_lsh_tables_hold_local_ids(results, mesh):
+    assert results[f"lsh-{mesh}"]["tables_local"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mesh", list(MESHES))
+def test_sharded_topk_equals_unsharded(results, mesh):
+    assert results[f"topk-{mesh}"]["equal"]
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(REPO))
+    main()
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(model=2), "parallel.model=2 x parallel.data=1 = 2 devices, but parallel.processes=1 x "
+                    "numerics.cpu_devices=0 gives 1 CPU device; set numerics.cpu_devices=2"),
+    (dict(model=2, data=2, cpu_devices=2), "= 4 devices, but parallel.processes=1 x numerics.cpu_devices=2"),
+    (dict(data=3, cpu_devices=3), "train.batch_size=128 is not a multiple of parallel.data=3"),
+    (dict(model=0), "parallel.model=0 must be a positive integer"),
+    (dict(cpu_devices=-1), "numerics.cpu_devices=-1 must be 0"),
+])
+def test_mesh_that_does_not_fit_is_one_config_error(overrides, message):
+    from configs.slide_amazon import slide_config
+    from hwrepro.errors import ConfigError
+    from hwrepro.harness import runner
+
+    c = slide_config("tiny", "lsh")
+    c.numerics.cpu_devices = overrides.pop("cpu_devices", 0)
+    c.parallel.update(overrides)
+    with pytest.raises(ConfigError) as e:
+        runner.validate(c)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.slow
+def test_launch_with_two_model_shards_matches_the_single_device_run(tmp_path, run_launch):
+    """The user's path: the tiny SLIDE config on one device and on parallel.model=2 (2 CPU devices, in the
+    launcher's child process). Dense: the same P@k; lsh: P@1 within a few standard errors (each shard picks
+    its own candidates, so the random negatives differ)."""
+    config = tmp_path / "tiny.py"
+    config.write_text(f"import sys\nsys.path.insert(0, {str(REPO / 'tests')!r})\n"
+                      "from test_slide_experiment import tiny_config\n\ndef get_config():\n"
+                      "    c = tiny_config('lsh')\n    c.train.num_epochs = 2\n    return c\n")
+    finals = {}
+    for method in ("dense", "lsh"):
+        for name, extra in (("one", []), ("two", ["--config.parallel.model=2", "--config.numerics.cpu_devices=2"])):
+            proc = run_launch(f"--config={config}", f"--workdir={tmp_path / (method + name)}",
+                              f"--config.model.method={method}", *extra)
+            assert proc.returncode == 0, proc.stderr[-2000:]
+            finals[method, name] = json.loads((tmp_path / (method + name) / "final.json").read_text())
+    for k in (1, 3, 5):
+        assert finals["dense", "one"][f"test_P@{k}"] == pytest.approx(finals["dense", "two"][f"test_P@{k}"], abs=2e-3)
+    p = finals["lsh", "one"]["test_P@1"]
+    assert abs(finals["lsh", "two"]["test_P@1"] - p) < 4 * (p * (1 - p) / 1000) ** 0.5
+
+
+def test_several_processes_are_refused_until_launched():
+    from configs.slide_amazon import slide_config
+    from hwrepro.errors import ConfigError
+    from hwrepro.harness import runner
+
+    c = slide_config("tiny", "lsh")
+    c.parallel.update(model=2, processes=2)
+    c.numerics.cpu_devices = 1
+    with pytest.raises(ConfigError, match="parallel.processes=2"):
+        runner.validate(c)
