@@ -113,7 +113,7 @@ def test_text8_word2vec_runs_on_a_small_synthetic_corpus(tmp_path):
 
 BAD_SLIDE_VALUES = [  # (field, value, what the error says)
     ("model.method", "fast", "model.method='fast' is not one of"),
-    ("data.dataset", "amazon", "data.dataset='amazon' is not a known data set (did you mean 'amazon670k'?)"),
+    ("data.dataset", "amazon670", "data.dataset='amazon670' is not a known data set (did you mean 'amazon670k'?)"),
     ("lsh.kind", "simhsh", "lsh.kind='simhsh' is not a known hash family (did you mean 'simhash'?)"),
     ("model.num_candidates", 0, "model.num_candidates=0 must be positive"),
     ("model.min_count", 0, "model.min_count=0 must be positive"),
