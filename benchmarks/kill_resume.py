@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-DEFAULTS = ["data.dataset=tiny", "train.num_epochs=12", "train.checkpoint_every=25", "train.log_every=25",
+DEFAULTS = ["data.dataset=tiny", "train.num_epochs=30", "train.checkpoint_every=25", "train.log_every=25",
             "train.eval_every=0", "model.hidden=32", "model.num_candidates=128", "lsh.num_tables=8",
             "lsh.rebuild_period=20", "lsh.redraw_period=60", "data.max_features=32", "data.max_labels=8",
             "eval.final_points=256"]
@@ -42,6 +42,13 @@ def checkpoints(workdir: Path) -> list[str]:
     return [p.name for p in folder.iterdir() if p.name.isdigit()] if folder.is_dir() else []
 
 
+def wait_for_checkpoint(workdir: Path, run: subprocess.Popen) -> float:
+    """Waits until the run has written its first checkpoint (or ended); returns the time."""
+    while not checkpoints(workdir) and run.poll() is None:
+        time.sleep(0.02)
+    return time.time()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kills", type=int, default=5)
@@ -52,19 +59,21 @@ def main() -> int:
     rng = random.Random(args.seed)
     root = Path(tempfile.mkdtemp(prefix="kill_resume-"))
     try:
-        t0 = time.time()
-        subprocess.run(command(root / "whole", overrides), cwd=REPO, check=True, capture_output=True)
-        whole_seconds = time.time() - t0
+        whole = subprocess.Popen(command(root / "whole", overrides), cwd=REPO, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL)
+        t_checkpoint = wait_for_checkpoint(root / "whole", whole)
+        assert whole.wait() == 0, "the uninterrupted run failed"
+        window = time.time() - t_checkpoint  # from its first checkpoint to its end
         reference = final_sha(root / "whole")
-        print(f"uninterrupted: {whole_seconds:.1f} s, param_sha256 {reference[:16]}...")
+        print(f"uninterrupted: {window:.1f} s from its first checkpoint to its end, "
+              f"param_sha256 {reference[:16]}...")
         same = 0
         for i in range(args.kills):
             workdir = root / f"killed{i}"
             run = subprocess.Popen(command(workdir, overrides), cwd=REPO, stdout=subprocess.DEVNULL,
                                    stderr=subprocess.DEVNULL)
-            while not checkpoints(workdir) and run.poll() is None:
-                time.sleep(0.05)
-            time.sleep(rng.uniform(0.0, 0.6 * whole_seconds))
+            wait_for_checkpoint(workdir, run)
+            time.sleep(rng.uniform(0.0, 0.9 * window))
             subprocess.run(["pkill", "-KILL", "-f", f"hwrepro.harness.process {workdir}"])
             run.wait()
             at = sorted(map(int, checkpoints(workdir)))

@@ -40,6 +40,7 @@ def get_config():
     c.train.batch_size = 4
     c.train.samples_per_epoch = 500  # reference: 125 steps of 4 clips per "epoch"
     c.train.num_epochs = 150
+    c.train.checkpoint_every = 125   # once per "epoch": a 150-epoch run resumes where it was stopped
     c.train.learning_rate = 1e-3
     c.train.lr_drop_fraction = 0.5   # reference: 1e-3 for epochs 0-74, then 1e-4
     c.train.lr_drop_factor = 0.1
