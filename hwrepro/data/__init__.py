@@ -21,6 +21,9 @@ from hwrepro.errors import ConfigError
 from hwrepro.registry import Registry
 
 
+__all__ = ["DATASETS", "DataSet", "get", "load", "names", "register", "mnist", "text8", "video", "xc"]
+
+
 class DataSet(NamedTuple):
     """A registered data set: what it provides (`kind`) and how to load it from a run's config."""
 

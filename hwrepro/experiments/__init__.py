@@ -14,6 +14,9 @@ from types import ModuleType
 from hwrepro.registry import unknown_name
 
 
+__all__ = ["get", "module_name", "names"]
+
+
 def names() -> list[str]:
     """The experiments: the modules of this package."""
     return sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))

@@ -29,6 +29,8 @@ from jax import lax
 
 from hwrepro.registry import Registry
 
+__all__ = ["FAMILIES", "MAX_BUCKET_BITS", "by_row_blocks", "check_positive"]
+
 FAMILIES: Registry = Registry("hash family", __name__)
 
 # Largest bucket count per table accepted: tables hold L * (num_buckets + 1) int32 bucket starts.
