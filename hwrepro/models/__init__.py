@@ -13,11 +13,11 @@ from hwrepro.models.convlstm import ConvLSTMCell
 from hwrepro.models.mlp_autoencoder import Autoencoder, reconstruction_loss
 from hwrepro.models.predictive_coding import PredNet
 from hwrepro.models.sparse_layers import (SparseInput, SparseOutput, candidate_logits, embedding_sum,
-                                          gather_rows, label_targets, lsh_logits, output_logits, softmax_xent,
+                                          gather_rows, label_targets, output_logits, softmax_xent,
                                           sparse_hidden)
 
 __all__ = [
     "MODELS", "Autoencoder", "ConvLSTMCell", "PredNet", "SparseInput", "SparseOutput", "candidate_logits",
-    "embedding_sum", "gather_rows", "label_targets", "lsh_logits", "output_logits", "reconstruction_loss",
+    "embedding_sum", "gather_rows", "label_targets", "output_logits", "reconstruction_loss",
     "softmax_xent", "sparse_hidden",
 ]

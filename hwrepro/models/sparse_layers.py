@@ -20,7 +20,6 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from hwrepro.sparse import lsh
 
 DType = Any
 Initializer = Callable[..., jax.Array]
@@ -151,29 +150,6 @@ def label_targets(labels: jax.Array, num_labels: int, columns: jax.Array | None 
     return t.at[rows, labels if columns is None else columns].add(jnp.where(valid, per, 0.0), mode="drop")
 
 
-def lsh_logits(
-    weight: jax.Array,
-    bias: jax.Array,
-    h: jax.Array,
-    hash_fn: Any,
-    tables: Any,
-    bucket_capacity: int,
-    dtype: DType = jnp.float32,
-) -> tuple[jax.Array, jax.Array]:
-    """Scores only the neurons retrieved from the LSH tables for each example (fast inference).
-
-    Returns:
-      ids int32 [B, L * bucket_capacity] (each retrieved id once; repeats and padding are num_labels) and
-      float32 logits of the same shape, -inf where the id is num_labels.
-    """
-    num_labels = weight.shape[0]
-    ids = lsh.query(hash_fn, tables, h, bucket_capacity).reshape(h.shape[0], -1)
-    ids = jnp.sort(ids, axis=1)
-    repeat = jnp.concatenate([jnp.zeros_like(ids[:, :1], bool), ids[:, 1:] == ids[:, :-1]], axis=1)
-    ids = jnp.where(repeat, num_labels, ids)
-    return ids, output_logits(weight, bias, h, ids, dtype)
-
-
 class SparseInput(nn.Module):
     """Embedding-sum input layer: h = ReLU(sum_f val_f * E[id_f] + b1), float32 [B, features].
 
@@ -196,7 +172,8 @@ class SparseInput(nn.Module):
 
 
 class SparseOutput(nn.Module):
-    """Output layer over num_labels neurons, scored at candidates, densely, or at LSH-retrieved neurons.
+    """Output layer over num_labels neurons, scored at candidates (e.g. LSH-retrieved ones,
+    hwrepro.sparse.evaluation.lsh_logits) or densely.
 
     Params: `weight` [num_labels, features] (param_dtype; one row per output neuron, the layout LSH tables
     hash), `bias` [num_labels] (float32). `features` is the input's last dimension, as for nn.Dense. Padding
@@ -218,8 +195,3 @@ class SparseOutput(nn.Module):
         """Logits [B, M] at candidates ([M] or [B, M]), or dense [B, num_labels] when candidates is None."""
         weight, bias = self._params(h.shape[-1])
         return output_logits(weight, bias, h, candidates, self.dtype)
-
-    def lsh(self, h: jax.Array, hash_fn: Any, tables: Any, bucket_capacity: int) -> tuple[jax.Array, jax.Array]:
-        """(ids, logits) [B, L * bucket_capacity] of the LSH-retrieved neurons; see `lsh_logits`."""
-        weight, bias = self._params(h.shape[-1])
-        return lsh_logits(weight, bias, h, hash_fn, tables, bucket_capacity, self.dtype)

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from hwrepro.models import sparse_layers as model
+from hwrepro.sparse import lsh
 from hwrepro.sparse.training import Batch, Params, model_params
 
 def blocked_top_k(x: jax.Array, k: int, block: int = 128) -> tuple[jax.Array, jax.Array]:
@@ -77,6 +78,29 @@ def scored_topk(weight: jax.Array, bias: jax.Array, h: jax.Array, k: int, chunk:
     return best
 
 
+def lsh_logits(
+    weight: jax.Array,
+    bias: jax.Array,
+    h: jax.Array,
+    hash_fn: Any,
+    tables: Any,
+    bucket_capacity: int,
+    dtype: Any = jnp.float32,
+) -> tuple[jax.Array, jax.Array]:
+    """Scores only the neurons retrieved from the LSH tables for each example (fast inference).
+
+    Returns:
+      ids int32 [B, L * bucket_capacity] (each retrieved id once; repeats and padding are num_labels) and
+      float32 logits of the same shape, -inf where the id is num_labels.
+    """
+    num_labels = weight.shape[0]
+    ids = lsh.query(hash_fn, tables, h, bucket_capacity).reshape(h.shape[0], -1)
+    ids = jnp.sort(ids, axis=1)
+    repeat = jnp.concatenate([jnp.zeros_like(ids[:, :1], bool), ids[:, 1:] == ids[:, :-1]], axis=1)
+    ids = jnp.where(repeat, num_labels, ids)
+    return ids, model.output_logits(weight, bias, h, ids, dtype)
+
+
 @functools.partial(jax.jit, static_argnames=("k", "bucket_capacity", "dtype"))
 def topk_lsh(
     params: Params, hash_fn: Any, tables: Any, batch: Batch, k: int, bucket_capacity: int = 16,
@@ -89,7 +113,7 @@ def topk_lsh(
     params = model_params(params)
     p_in, p_out = params["input"], params["output"]
     h = model.sparse_hidden(p_in["embedding"], p_in["bias"], batch["feat_ids"], batch["feat_vals"], dtype)
-    ids, z = model.lsh_logits(p_out["weight"], p_out["bias"], h, hash_fn, tables, bucket_capacity, dtype)
+    ids, z = lsh_logits(p_out["weight"], p_out["bias"], h, hash_fn, tables, bucket_capacity, dtype)
     v, j = jax.lax.top_k(z, k)
     return jnp.where(v > -jnp.inf, jnp.take_along_axis(ids, j, axis=1), -1)
 

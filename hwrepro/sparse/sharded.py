@@ -60,7 +60,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from hwrepro.models import sparse_layers as model
 from hwrepro.sparse import lsh, sparse_adam, training
 from hwrepro.sparse.candidates import SAMPLERS, batch_shared_candidates, unique_rows
-from hwrepro.sparse.evaluation import scored_topk
+from hwrepro.sparse.evaluation import lsh_logits, scored_topk
 from hwrepro.sparse.training import Batch, LshSpec, Params, SlideState, SparseOptState, StepFn, row_tables
 
 DATA, MODEL = "data", "model"
@@ -420,7 +420,7 @@ def topk_lsh(mesh: jax.sharding.Mesh, params: Params, hash_fn: Any, tables: lsh.
         rows = p_out["weight"].shape[0]
         offset = lax.axis_index(MODEL) * rows
         h = model.sparse_hidden(p_in["embedding"], p_in["bias"], batch["feat_ids"], batch["feat_vals"], dtype)
-        ids, z = model.lsh_logits(p_out["weight"], p_out["bias"], h, hash_fn,
+        ids, z = lsh_logits(p_out["weight"], p_out["bias"], h, hash_fn,
                                   lsh.Tables(tables.ids[0], tables.starts[0]), bucket_capacity, dtype)
         z = jnp.where(ids + offset < num_labels, z, -jnp.inf)
         v, j = lax.top_k(z, k)
