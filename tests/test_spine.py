@@ -2,6 +2,7 @@
 
 import gzip
 import json
+import time
 import struct
 import sys
 
@@ -158,6 +159,11 @@ def test_prepare_moves_an_unfinished_run_aside(tmp_path):
     assert Run.prepare(tmp_path, {"seed": 0}) is False  # no checkpoint to resume from: a fresh start
     aside = [p for p in tmp_path.iterdir() if p.name.startswith("previous-")]
     assert len(aside) == 1 and (aside[0] / "run.json").exists() and not (tmp_path / "run.json").exists()
+    (tmp_path / "run.json").write_text(json.dumps({"status": "running"}))  # its process was killed
+    time.sleep(1.1)  # another previous-<time> folder
+    Run.prepare(tmp_path, {"seed": 0})
+    statuses = sorted(json.loads((p / "run.json").read_text())["status"] for p in tmp_path.glob("previous-*"))
+    assert statuses == ["failed: x", "interrupted: its process ended without recording how (moved aside)"]
     (tmp_path / "run.json").write_text(json.dumps({"status": "done"}))
     with pytest.raises(WorkdirTaken):
         Run.prepare(tmp_path, {"seed": 0})

@@ -301,6 +301,9 @@ class Run:
             aside.mkdir(exist_ok=True)
             for p in stale:
                 os.replace(p, aside / p.name)
+            if status_of(aside) == "running":  # we hold the lock: its process is gone without saying so
+                set_status(aside, "interrupted: its process ended without recording how (moved aside)",
+                           "hwrepro.harness.records")
         return False
 
     @classmethod
