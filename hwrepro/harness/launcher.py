@@ -24,8 +24,8 @@ def launch(config: ml_collections.ConfigDict, workdir: str | None = None, shard:
         from hwrepro.study import sweep
 
         return sweep.run_sweep(config, workdir, shard)
-    runner.validate(config)
     if "jax" in sys.modules or numerics.needs_fresh_process(config.numerics):
+        runner.validate(config)  # the shared fields, here; the child checks the experiment's own
         code = process.run_in_child(config, workdir)
         if code < 0:
             print(f"error: the run's process was killed by {signal.Signals(-code).name}; rerun the same command to "

@@ -159,12 +159,9 @@ def run_sweep(config: ml_collections.ConfigDict, workdir: Path, shard: str | Non
     workdir = Path(workdir)
     points = grid.expand(config)
     selected = grid.shard(points, shard) if shard else list(points)
-    # Every point's config must be runnable before the first one starts: shared fields here, each
-    # experiment's own checks in a child process (they import JAX, which the sweep's process must not).
-    configs = {point.name: point_config(config, point) for point in selected}
-    for c in configs.values():
-        runner.validate(c)
-    process.check_in_child(configs)
+    # Every point's config must be runnable before the first one starts: all of its checks, the experiment's
+    # own included, in one child process (they import JAX, which the sweep's process must not).
+    process.check_in_child({point.name: point_config(config, point) for point in selected})
     record = sweep_record(config, points, selected, shard)
     # One sweep (or one shard of it) at a time in DIR; the shards of a job array each hold their own lock.
     lock = records.lock_workdir(workdir) if not shard else _lock_shard(workdir, shard)
