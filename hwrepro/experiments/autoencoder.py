@@ -26,8 +26,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
     sizes = list(config.model.get("encoder_sizes") or ())
     if "encoder_sizes" in config.model and (not sizes or any(not isinstance(n, int) or n <= 0 for n in sizes)):
         raise ConfigError(f"model.encoder_sizes={sizes} must be a non-empty list of positive integers")
-    if config.data.source not in ("auto", "idx", "tfds", "synthetic"):
-        raise ConfigError(f"data.source={config.data.source!r} is not one of auto, idx, tfds, synthetic")
+    if config.data.source not in ("auto", "idx", "tfds", "csv", "synthetic"):
+        raise ConfigError(f"data.source={config.data.source!r} is not one of auto, idx, tfds, csv, synthetic")
 
 
 def make_model(config: ml_collections.ConfigDict):
@@ -76,7 +76,8 @@ def run(config: ml_collections.ConfigDict, rec: Run):
     test_x = jnp.asarray(splits.test_images.reshape(len(splits.test_images), -1), jnp.float32) / 255.0
     batches = mnist.batches(splits.train_images, config.train.batch_size,
                             seed=int(jax.random.randint(order_seed, (), 0, 2**31 - 1)))
-    probe = jnp.asarray(splits.train_images[:512].reshape(512, -1), jnp.float32) / 255.0
+    probe_images = splits.train_images[:512]  # the Hessian's fixed probe batch
+    probe = jnp.asarray(probe_images.reshape(len(probe_images), -1), jnp.float32) / 255.0
     at_snapshot = snapshotter(rec, lambda s: s.params, loss_fn=functools.partial(loss_fn, apply_fn=state.apply_fn),
                                  probe_batch=probe, hessian_iters=config.train.hessian_iters,
                                  key=jax.random.key(config.data.seed))
