@@ -1,9 +1,8 @@
 """Shared test set-up: JAX on CPU, the repository root on the path, helpers to run the launcher, and XLA with
-most optimizations off for tests where compiling is most of the time and the optimized code is not what is
-tested.
+most optimizations off where compiling is most of a test's time and the optimized code is not what it tests.
 
-Test tiers: `pytest -m "not slow"` skips the end-to-end runs (a subprocess, or a whole config trained), each
-of which has a fast counterpart checking the same part; plain `pytest` runs everything.
+Test tiers: `pytest -m "not slow"` leaves out the end-to-end runs (a launch in a subprocess, or a config
+trained whole); plain `pytest` runs everything.
 """
 
 import contextlib
@@ -33,34 +32,52 @@ def run_launch():
     return launch
 
 
-@contextlib.contextmanager
-def _xla_optimizations(enabled: bool):
-    """Compiles with XLA's optimizations on or mostly off (`jax_disable_most_optimizations`, as flax's smoke
-    tests do) inside the block. The flag is not part of JAX's cache keys, so the caches are cleared where an
-    executable compiled under the other setting could be reused: entering an optimized block, and leaving an
-    unoptimized one (no later test runs unoptimized code it did not ask for)."""
+# --- XLA with most optimizations off ----------------------------------------------------------------------
+
+DISABLE = "jax_disable_most_optimizations"
+COMPILED = "/jax/core/compile/backend_compile_duration"  # the event JAX records for every XLA compile
+_state = {"listening": False, "unoptimized_cached": False}  # may a cache hold an executable compiled unoptimized?
+
+
+def _note_compile(event: str, duration: float, **kwargs) -> None:
     import jax
 
-    before = jax.config.read("jax_disable_most_optimizations")
-    if before == (not enabled):
-        yield
-        return
-    jax.config.update("jax_disable_most_optimizations", not enabled)
-    if enabled:
+    if event == COMPILED and jax.config.read(DISABLE):
+        _state["unoptimized_cached"] = True
+
+
+def _optimizations(enabled: bool) -> None:
+    """Sets DISABLE; optimizations back on clear JAX's caches if anything was compiled without them since the
+    last clearing (the flag is not part of the cache keys), so no test runs unoptimized code it did not ask for."""
+    import jax
+
+    if not _state["listening"]:
+        jax.monitoring.register_event_duration_secs_listener(_note_compile)
+        _state["listening"] = True
+    jax.config.update(DISABLE, not enabled)
+    if enabled and _state["unoptimized_cached"]:
         jax.clear_caches()
+        _state["unoptimized_cached"] = False
+
+
+@contextlib.contextmanager
+def _xla_optimizations(enabled: bool):
+    import jax
+
+    before = not jax.config.read(DISABLE)
+    _optimizations(enabled)
     try:
         yield
     finally:
-        jax.config.update("jax_disable_most_optimizations", before)
-        if not enabled:
-            jax.clear_caches()
+        _optimizations(before)
 
 
 @pytest.fixture(scope="module")
 def unoptimized_module():
-    """Most XLA optimizations off for a whole module (`pytestmark = pytest.mark.usefixtures(...)`): for tests
-    of what a function computes (against a reference, a hand-worked case, a probability), never of bits or
-    numerics; those take `optimized`."""
+    """Most XLA optimizations off (DISABLE, as flax's smoke tests compile) for a whole module, by
+    `pytestmark = pytest.mark.usefixtures("unoptimized_module")`: for tests of what a function computes
+    (against a reference, a hand-worked case, a probability), never of bits or numerics; those take
+    `optimized`."""
     with _xla_optimizations(False):
         yield
 
@@ -78,3 +95,12 @@ def optimized():
     tests check the code a run executes."""
     with _xla_optimizations(True):
         yield
+
+
+def pytest_collection_modifyitems(items):
+    """In each module, the tests that take `optimized` first: they compile before anything in the module is
+    compiled unoptimized, so no cache is cleared for them, and the tests after them reuse what they compiled."""
+    first = {}
+    for item in items:
+        first.setdefault(item.path, len(first))
+    items.sort(key=lambda item: (first[item.path], "optimized" not in item.fixturenames))

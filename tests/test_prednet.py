@@ -324,7 +324,7 @@ def test_ssim_against_numpy_and_identity():
 # ------------------------------------------------------------------------------------------- experiment
 
 @pytest.mark.slow
-def test_small_config_beats_copy_last_frame(tmp_path):
+def test_small_config_beats_copy_last_frame(optimized, tmp_path):
     """The experiment end to end (runner, record, PNG strip) on the small config, shortened."""
     from hwrepro.harness import runner
 

@@ -98,7 +98,8 @@ def fit(state: Any,
                 last = step == num_steps
                 stop = interrupts.pending()
                 snapshot = snapshot_fn is not None and snapshot_every > 0 and (step % snapshot_every == 0 or last)
-                checkpoint = ckpt is not None and not last and (step % checkpoint_every == 0 or stop is not None)
+                # Not after the last step (the run is about to end), unless a signal stops it there.
+                checkpoint = ckpt is not None and (stop is not None or (not last and step % checkpoint_every == 0))
                 if not (step % log_every == 0 or last or snapshot or checkpoint or stop):
                     continue
                 means = {k: float(v) / window_steps for k, v in jax.device_get(acc).items()}
