@@ -146,7 +146,8 @@ def _topk_check(data, model_shards):
 
 def _tables_check(data, model_shards, num_labels=20_000):
     """Each shard's tables equal lsh.build_tables over its own rows with the key folded with its index, on
-    every data replica; at a size where one pure_callback per device inside a shard_map hung on XLA:CPU."""
+    every data replica, at a size where one pure_callback per device inside a shard_map hung on XLA:CPU; a
+    redraw draws the single-device hash functions."""
     import jax
     import numpy as np
 
@@ -166,6 +167,10 @@ def _tables_check(data, model_shards, num_labels=20_000):
         for got, w in zip(tables, want):
             equal &= all(np.array_equal(np.asarray(x.data)[0], np.asarray(w))
                          for x in got.addressable_shards if (x.index[0].start or 0) == s)
+    redrawn = sharded.redraw(mesh, state, key)
+    want_fn = state.lsh_spec.init(jax.random.split(key)[0], HIDDEN)
+    equal &= all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(
+        jax.tree_util.tree_leaves(redrawn.hash_fn), jax.tree_util.tree_leaves(want_fn)))
     return {"equal": bool(equal), "shape": list(tables.ids.shape)}
 
 

@@ -141,12 +141,13 @@ def init_state(
 def build_tables(mesh: jax.sharding.Mesh, hash_fn: Any, weight: jax.Array, key: jax.Array) -> lsh.Tables:
     """LSH tables per shard over its own rows of weight [N_pad, H] (P("model")): Tables(ids int32
     [model, L, n] local ids, starts [model, L, buckets + 1]), P("model"). Shard s's in-bucket order is drawn
-    from key folded with s. No communication: each process builds the shards it holds.
+    from key folded with s. No collectives: each process builds the shards it holds, once per model shard,
+    and copies them to that shard's other data replicas' devices.
 
     Built outside shard_map, one lsh.build_tables (a single-device jit, NumPy's sort on the CPU) per model
-    shard on a device that holds it, then copied to that shard's other data replicas: XLA:CPU deadlocks when
-    several devices of one program run a pure_callback on a large operand (one per device of a shard_map),
-    and the XLA sort it would otherwise fall back to is slower than NumPy's here (docs/benchmarks.md).
+    shard: XLA:CPU deadlocks when several devices of one program each run a pure_callback on a large operand
+    (as in a shard_map), and XLA's sort, which would avoid the callback, is slower than NumPy's
+    (docs/benchmarks.md, "The sharded step on two CPU devices").
     """
     sharding = NamedSharding(mesh, P(MODEL))
     rows = weight.shape[0] // _axis_size(mesh, MODEL)
@@ -180,8 +181,7 @@ def redraw(mesh: jax.sharding.Mesh, state: SlideState, key: jax.Array) -> SlideS
     """Draws new (shared) hash functions and builds every shard's tables for them."""
     k_hash, k_tables = jax.random.split(key)
     weight = state.params["output"]["weight"]
-    hash_fn = jax.jit(state.lsh_spec.init, static_argnums=1, out_shardings=NamedSharding(mesh, P()))(
-        k_hash, weight.shape[1])
+    hash_fn = jax.device_put(state.lsh_spec.init(k_hash, weight.shape[1]), NamedSharding(mesh, P()))
     return state.replace(hash_fn=hash_fn, tables=build_tables(mesh, hash_fn, weight, k_tables))
 
 
