@@ -3,12 +3,15 @@ bytes each step sends between devices, for several (data, model) meshes in one r
 
     python benchmarks/shard_bench.py                          # meshes 1x1, 1x2, 2x1 (data x model), method lsh
     python benchmarks/shard_bench.py --meshes 1x1,1x2 --method sampled --steps 10
+    python benchmarks/shard_bench.py --meshes 1x1,1x2,2x1,1x1@1 --rounds 3  # 1x1@1: one device on one core
 
 Each mesh runs in its own child process with JAX_NUM_CPU_DEVICES = data * model (JAX fixes its devices when
-it starts). Per device, "output layer" is W, b, their row-Adam moments and the LSH tables, read from the
-arrays' addressable shards. Bytes sent: computed from the shapes (hwrepro.sparse.sharded's docstring lists the
-collectives), and measured as the result sizes of the all-gather / all-reduce ops in the compiled step's HLO.
-Batches are random (feature and label ids uniform): timing, not learning.
+it starts); `DxM@C` pins that child to C cores. Per device, "output layer" is W, b and their row-Adam
+moments, "tables" the LSH tables, read from the arrays' addressable shards. Bytes sent: computed from the
+shapes (hwrepro.sparse.sharded's docstring lists the collectives), and measured as the result sizes of the
+all-gather / all-reduce ops in the compiled step's HLO (a 1-device mesh keeps trivial all-reduces that move
+nothing). Batches are random (feature and label ids uniform): timing, not learning. Results:
+docs/benchmarks.md, "The sharded step".
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import argparse
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -72,20 +76,22 @@ def child(method: str, data: int, model: int, steps: int) -> dict:
     state = sharded.init_state(mesh, jax.random.key(0), F, N, H, method=method)
     jax.block_until_ready(state)
     init_s = time.time() - t
-    per_device: dict[str, int] = {}
+    per_device: dict[str, dict[str, int]] = {}
     for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
-        names = sharded._names(path)
-        if not ({"tables", "output", "weight", "out_bias"} & set(names)):
-            continue
-        for shard in leaf.addressable_shards:
-            per_device[str(shard.device)] = per_device.get(str(shard.device), 0) + shard.data.nbytes
+        names = set(sharded._names(path))
+        part = "tables" if "tables" in names else "output" if {"output", "weight", "out_bias"} & names else None
+        for shard in leaf.addressable_shards if part else ():
+            mine = per_device.setdefault(str(shard.device), {"output": 0, "tables": 0})
+            mine[part] += shard.data.nbytes
     rng = np.random.default_rng(0)
     batches = [{"feat_ids": rng.integers(0, F, (B, FMAX)).astype(np.int32),
                 "feat_vals": rng.random((B, FMAX)).astype(np.float32),
                 "labels": rng.integers(0, N, (B, LMAX)).astype(np.int32)} for _ in range(4)]
     step = sharded.make_train_step(mesh, method, num_labels=N, batch_size=B, learning_rate=1e-3, num_candidates=M)
     key = jax.random.key(1)
+    t = time.time()
     hlo = step.lower(state, batches[0], key).compile().as_text()
+    compile_s = time.time() - t
     for i in range(3):
         state, metrics = step(state, batches[i % 4], jax.random.fold_in(key, i))
     jax.block_until_ready(metrics)
@@ -94,8 +100,9 @@ def child(method: str, data: int, model: int, steps: int) -> dict:
         state, metrics = step(state, batches[i % 4], jax.random.fold_in(key, i))
     jax.block_until_ready(metrics)
     return {"method": method, "data": data, "model": model, "step_ms": 1e3 * (time.time() - t) / steps,
-            "init_s": round(init_s, 1), "output_layer_MB_per_device": {d: round(b / 2**20, 1)
-                                                                       for d, b in sorted(per_device.items())},
+            "init_s": round(init_s, 1), "compile_s": round(compile_s, 1),
+            "output_layer_MB_per_device": {d: round(b["output"] / 2**20, 1) for d, b in sorted(per_device.items())},
+            "tables_MB_per_device": {d: round(b["tables"] / 2**20, 1) for d, b in sorted(per_device.items())},
             "bytes_per_step_computed": computed_bytes(method, data, model),
             "hlo_collective_result_bytes": hlo_collective_bytes(hlo)}
 
@@ -105,21 +112,34 @@ def main() -> None:
     ap.add_argument("--meshes", default="1x1,1x2,2x1", help="data x model meshes, comma-separated")
     ap.add_argument("--method", default="lsh", choices=("lsh", "sampled", "dense"))
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="repeat the meshes this many times, interleaved (a shared machine's load drifts)")
     ap.add_argument("--child", default="", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
-        data, model = map(int, a.child.split("x"))
-        print("RESULT " + json.dumps(child(a.method, data, model, a.steps)), flush=True)
-        return
-    for mesh in a.meshes.split(","):
+        mesh, _, cores = a.child.partition("@")
+        if cores:  # before JAX starts: XLA sizes its thread pools from the affinity
+            os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:int(cores)])
         data, model = map(int, mesh.split("x"))
-        env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES=str(data * model))
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-        proc = subprocess.run([sys.executable, __file__, "--child", mesh, "--method", a.method,
-                               "--steps", str(a.steps)], capture_output=True, text=True, env=env)
-        lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
-        print(lines[-1][7:] if lines else f"mesh {mesh} failed: {proc.stderr[-2000:]}", flush=True)
-
+        result = child(a.method, data, model, a.steps)
+        print("RESULT " + json.dumps({"mesh": a.child, **result}), flush=True)
+        return
+    steps: dict[str, list[float]] = {}
+    for _ in range(a.rounds):
+        for mesh in a.meshes.split(","):
+            data, model = map(int, mesh.partition("@")[0].split("x"))
+            env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES=str(data * model))
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+            proc = subprocess.run([sys.executable, __file__, "--child", mesh, "--method", a.method,
+                                   "--steps", str(a.steps)], capture_output=True, text=True, env=env)
+            lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+            print(lines[-1][7:] if lines else f"mesh {mesh} failed: {proc.stderr[-2000:]}", flush=True)
+            if lines:
+                steps.setdefault(mesh, []).append(json.loads(lines[-1][7:])["step_ms"])
+    base = statistics.median(steps.get("1x1", [float("nan")]))
+    for mesh, ms in steps.items():
+        print(f"{mesh}: median step {statistics.median(ms):.1f} ms over {len(ms)} rounds "
+              f"({', '.join(f'{x:.1f}' for x in ms)}), {statistics.median(ms) / base:.2f}x the 1x1 step", flush=True)
 
 if __name__ == "__main__":
     main()

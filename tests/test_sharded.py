@@ -144,8 +144,40 @@ def _topk_check(data, model_shards):
     return {"equal": all(np.array_equal(g, want) for g in got)}
 
 
+def _tables_check(data, model_shards, num_labels=20_000):
+    """Each shard's tables equal lsh.build_tables over its own rows with the key folded with its index, on
+    every data replica, at a size where one pure_callback per device inside a shard_map hung on XLA:CPU; a
+    redraw draws the single-device hash functions."""
+    import jax
+    import numpy as np
+
+    from hwrepro.sparse import lsh, sharded
+
+    mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:data * model_shards]).reshape(data, model_shards),
+                             ("data", "model"))
+    state = sharded.init_state(mesh, jax.random.key(0), 10, num_labels, HIDDEN, method="lsh")
+    weight = np.asarray(state.params["output"]["weight"])
+    rows = weight.shape[0] // model_shards
+    key = jax.random.key(5)
+    tables = sharded.rebuild(mesh, state, key).tables
+    equal = True
+    for s in range(model_shards):
+        want = lsh.build_tables(jax.device_get(state.hash_fn), weight[s * rows:(s + 1) * rows],
+                                jax.random.fold_in(key, s))
+        for got, w in zip(tables, want):
+            equal &= all(np.array_equal(np.asarray(x.data)[0], np.asarray(w))
+                         for x in got.addressable_shards if (x.index[0].start or 0) == s)
+    redrawn = sharded.redraw(mesh, state, key)
+    want_fn = state.lsh_spec.init(jax.random.split(key)[0], HIDDEN)
+    equal &= all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(
+        jax.tree_util.tree_leaves(redrawn.hash_fn), jax.tree_util.tree_leaves(want_fn)))
+    return {"equal": bool(equal), "shape": list(tables.ids.shape)}
+
+
 def main():
     results = {}
+    for name, (data, model_shards) in MESHES.items():
+        results[f"tables-{name}"] = _tables_check(data, model_shards)
     for name, (data, model_shards) in MESHES.items():
         for method in ("lsh", "sampled", "dense"):
             results[f"{method}-{name}"] = _step_check(method, data, model_shards)
@@ -190,6 +222,13 @@ def test_each_shard_selects_only_its_own_rows(results, method, mesh):
 @pytest.mark.parametrize("mesh", list(MESHES))
 def test_lsh_tables_hold_local_ids(results, mesh):
     assert results[f"lsh-{mesh}"]["tables_local"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mesh", list(MESHES))
+def test_each_shard_builds_its_own_tables(results, mesh):
+    data, model_shards = MESHES[mesh]
+    assert results[f"tables-{mesh}"] == {"equal": True, "shape": [model_shards, 25, 20_000 // model_shards]}
 
 
 @pytest.mark.slow

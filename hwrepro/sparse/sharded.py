@@ -10,7 +10,8 @@ never scored):
   LSH tables: ids int32 [model, L, n] (local ids), starts [model, L, buckets + 1]  P("model"): one set per shard
   E [F, H], hidden bias [H], their Adam moments, hash functions, counters   P(): replicated
   batches (feat_ids, feat_vals, labels) [B, ...]                             P("data"): split by example
-Each shard builds and rebuilds its tables over its own rows only; the hash functions are shared.
+Each shard builds and rebuilds its tables over its own rows only (outside shard_map: `build_tables`); the
+hash functions are shared.
 
 A sparse step ("lsh", "sampled"; batch-shared candidates), per device (d, s), with B' = B / data:
   1. h [B', H] from E at the local batch's unique features (replicated E: no communication).
@@ -140,27 +141,47 @@ def init_state(
 def build_tables(mesh: jax.sharding.Mesh, hash_fn: Any, weight: jax.Array, key: jax.Array) -> lsh.Tables:
     """LSH tables per shard over its own rows of weight [N_pad, H] (P("model")): Tables(ids int32
     [model, L, n] local ids, starts [model, L, buckets + 1]), P("model"). Shard s's in-bucket order is drawn
-    from key folded with s. No communication."""
-    def local(fn, w, k):
-        k = jax.random.fold_in(k, lax.axis_index(MODEL))
-        t = lsh.build_tables(fn, sparse_adam.from_storage(w).astype(jnp.float32), k)
-        return lsh.Tables(ids=t.ids[None], starts=t.starts[None])
+    from key folded with s. No collectives: each process builds the shards it holds, once per model shard,
+    and copies them to that shard's other data replicas' devices.
 
-    return _shard_map(local, mesh, (P(), P(MODEL), P()), lsh.Tables(P(MODEL), P(MODEL)))(hash_fn, weight, key)
+    Built outside shard_map, one lsh.build_tables (a single-device jit, NumPy's sort on the CPU) per model
+    shard: XLA:CPU deadlocks when several devices of one program each run a pure_callback on a large operand
+    (as in a shard_map), and XLA's sort, which would avoid the callback, is slower than NumPy's
+    (docs/benchmarks.md, "The sharded step on two CPU devices").
+    """
+    sharding = NamedSharding(mesh, P(MODEL))
+    rows = weight.shape[0] // _axis_size(mesh, MODEL)
+    built: dict[int, lsh.Tables] = {}
+    per_device = []
+    for shard in weight.addressable_shards:
+        s = (shard.index[0].start or 0) // rows
+        if s not in built:
+            fn, k = _on_device((hash_fn, key), shard.device)
+            w = sparse_adam.from_storage(shard.data).astype(jnp.float32)
+            built[s] = lsh.build_tables(fn, w, jax.random.fold_in(k, s))
+        per_device.append(jax.device_put(built[s], shard.device))
+    return jax.tree_util.tree_map(
+        lambda *parts: jax.make_array_from_single_device_arrays(
+            (_axis_size(mesh, MODEL), *parts[0].shape), sharding, [x[None] for x in parts]),
+        *per_device)
 
 
-@functools.partial(jax.jit, static_argnums=0, donate_argnums=1)
+def _on_device(tree: Any, device: jax.Device) -> Any:
+    """A replicated pytree's local copy on one device (also when the mesh spans processes)."""
+    return jax.tree_util.tree_map(
+        lambda x: jax.device_put(x.addressable_data(0) if isinstance(x, jax.Array) else x, device), tree)
+
+
 def rebuild(mesh: jax.sharding.Mesh, state: SlideState, key: jax.Array) -> SlideState:
     """Re-inserts each shard's current rows of W into its own tables (same hash functions)."""
     return state.replace(tables=build_tables(mesh, state.hash_fn, state.params["output"]["weight"], key))
 
 
-@functools.partial(jax.jit, static_argnums=0, donate_argnums=1)
 def redraw(mesh: jax.sharding.Mesh, state: SlideState, key: jax.Array) -> SlideState:
     """Draws new (shared) hash functions and builds every shard's tables for them."""
     k_hash, k_tables = jax.random.split(key)
     weight = state.params["output"]["weight"]
-    hash_fn = state.lsh_spec.init(k_hash, weight.shape[1])
+    hash_fn = jax.device_put(state.lsh_spec.init(k_hash, weight.shape[1]), NamedSharding(mesh, P()))
     return state.replace(hash_fn=hash_fn, tables=build_tables(mesh, hash_fn, weight, k_tables))
 
 
