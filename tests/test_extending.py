@@ -92,7 +92,7 @@ def test_toy_hash_family_and_data_set_train_slide_by_config_name(tmp_path):
 def test_registries_list_builtins_and_name_unknown_entries():
     assert {"simhash", "dwta"} <= set(FAMILIES.names())
     assert {"amazon670k", "wikilsh325k", "text8", "tiny"} <= set(data.names("labels"))
-    assert data.names("images") == ["mnist"]
+    assert data.names("images") == ["fashion_mnist", "mnist"]
     assert {"mlp_autoencoder", "prednet"} <= set(MODELS.names())
     assert experiments.names() == ["autoencoder", "prednet", "slide"]
     with pytest.raises(ConfigError, match=r"lsh.kind='simhsh' is not a known hash family \(did you mean 'simhash'"):
