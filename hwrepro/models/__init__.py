@@ -8,7 +8,7 @@ found by name (`config.model.name`) through `MODELS`: a new model is one module 
 Importing this package imports JAX: in a training process, apply numerics (hwrepro.harness.numerics) first.
 """
 
-from hwrepro.models.registry import MODELS
+from hwrepro.models.model_registry import MODELS
 from hwrepro.models.convlstm import ConvLSTMCell
 from hwrepro.models.mlp_autoencoder import Autoencoder, reconstruction_loss
 from hwrepro.models.predictive_coding import PredNet

@@ -13,7 +13,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from hwrepro.models.registry import MODELS
+from hwrepro.models.model_registry import MODELS
 
 
 @MODELS.register("mlp_autoencoder")

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hwrepro.models.convlstm import ConvLSTMCell, ConvLSTMState, hard_sigmoid
-from hwrepro.models.registry import MODELS
+from hwrepro.models.model_registry import MODELS
 
 OUTPUT_MODES = ("prediction", "error", "all")
 
