@@ -1,8 +1,8 @@
 """Shared test set-up: JAX on CPU, the repository root on the path, helpers to run the launcher, and XLA with
 most optimizations off where compiling is most of a test's time and the optimized code is not what it tests.
 
-Test tiers: `pytest -m "not slow"` leaves out the end-to-end runs (a launch in a subprocess, or a config
-trained whole); plain `pytest` runs everything.
+Test tiers: `pytest -m "not slow"` leaves out the tests marked slow (end-to-end runs: a launch in a subprocess,
+a whole config trained; and experiment-level bit identity); plain `pytest` runs everything.
 """
 
 import contextlib
@@ -36,7 +36,8 @@ def run_launch():
 
 DISABLE = "jax_disable_most_optimizations"
 COMPILED = "/jax/core/compile/backend_compile_duration"  # the event JAX records for every XLA compile
-_state = {"listening": False, "unoptimized_cached": False}  # may a cache hold an executable compiled unoptimized?
+_state = {"listening": False,  # _note_compile registered with JAX
+          "unoptimized_cached": False}  # whether a cache may hold an executable compiled with DISABLE on
 
 
 def _note_compile(event: str, duration: float, **kwargs) -> None:
@@ -91,8 +92,8 @@ def unoptimized():
 
 @pytest.fixture
 def optimized():
-    """XLA's default optimizations for one test in an `unoptimized_module` module: bit-identity and numerics
-    tests check the code a run executes."""
+    """XLA's default optimizations for one test in an `unoptimized_module` module: bit-identity, numerics and
+    end-to-end tests check the code a run executes."""
     with _xla_optimizations(True):
         yield
 

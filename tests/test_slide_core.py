@@ -57,7 +57,7 @@ def scaled_params(key: jax.Array) -> sparse.Params:
 
 @pytest.fixture(scope="module")
 def params():
-    return scaled_params(jax.random.PRNGKey(0))
+    return jax.jit(scaled_params)(jax.random.PRNGKey(0))
 
 
 @pytest.fixture(scope="module")
@@ -76,27 +76,27 @@ def assert_logits_match(actual, expected, h, params, ids):
 
 
 def test_candidate_logits_equal_dense_logits(params, batch):
-    h = model.SparseInput(NF, H).apply({"params": params["input"]}, batch["feat_ids"], batch["feat_vals"])
+    h = jax.jit(model.SparseInput(NF, H).apply)({"params": params["input"]}, batch["feat_ids"], batch["feat_vals"])
     out = model.SparseOutput(N)  # input width from h, as nn.Dense
-    assert jax.tree_util.tree_map(jnp.shape, out.init(jax.random.key(0), h)["params"]) == {
+    apply = jax.jit(out.apply)  # compiled whole per candidate shape (eagerly, primitive by primitive)
+    assert jax.tree_util.tree_map(jnp.shape, jax.jit(out.init)(jax.random.key(0), h)["params"]) == {
         "weight": (N, H), "bias": (N,)}
-    dense = out.apply({"params": params["output"]}, h)
+    dense = apply({"params": params["output"]}, h)
     assert dense.shape == (B, N)
     # Padding candidates (id N) score -inf, so a cross-entropy over them adds no phantom class.
-    padded = out.apply({"params": params["output"]}, h, jnp.array([3, N, N], jnp.int32))
+    padded = apply({"params": params["output"]}, h, jnp.array([3, N, N], jnp.int32))
     assert np.all(np.isneginf(padded[:, 1:])) and np.all(np.isfinite(padded[:, 0]))
     xent = optax.softmax_cross_entropy_with_integer_labels(padded, jnp.zeros(B, jnp.int32))
     np.testing.assert_allclose(xent, 0.0, atol=1e-6)
     shared = jnp.array([5, 0, 299, 17, 123], jnp.int32)
-    assert_logits_match(out.apply({"params": params["output"]}, h, shared), dense[:, shared], h, params, shared)
+    assert_logits_match(apply({"params": params["output"]}, h, shared), dense[:, shared], h, params, shared)
     per_example = jnp.asarray(np.random.default_rng(1).integers(0, N, (B, 7)), jnp.int32)
-    assert_logits_match(out.apply({"params": params["output"]}, h, per_example),
+    assert_logits_match(apply({"params": params["output"]}, h, per_example),
                         np.take_along_axis(np.asarray(dense), np.asarray(per_example), axis=1), h, params,
                         per_example)
     # Wrong rows are far outside that tolerance.
     with pytest.raises(AssertionError):
-        assert_logits_match(out.apply({"params": params["output"]}, h, shared + 1), dense[:, shared], h, params,
-                            shared)
+        assert_logits_match(apply({"params": params["output"]}, h, shared + 1), dense[:, shared], h, params, shared)
     # The module is the pure function: hidden layer by hand from the dense definition.
     x = np.zeros((B, NF + 1), np.float32)
     np.add.at(x, (np.arange(B)[:, None], batch["feat_ids"]), batch["feat_vals"])
@@ -234,7 +234,7 @@ def test_retrieved_ids_tied_at_the_cut_are_a_random_subset():
     assert 100 < len(np.setdiff1d(kept, np.asarray(again))) < 900
 
 
-@functools.partial(jax.jit, static_argnums=(3, 4, 5, 6))
+@functools.partial(jax.jit, static_argnums=(3, 4, 6))
 def full_array_top_k(labels, retrieved, key, num_candidates, num_labels, min_count, sampler):
     """The selection's definition, written over every label id: priorities in one [N + 1] array, one top_k
     over all of it (what batch_shared_candidates did before it listed the ids; that top_k was 5x slower at 670k
@@ -357,8 +357,8 @@ def test_unique_rows_equals_jnp_unique(shape, num_rows, size):
     ids = rng.integers(0, min(num_rows, 50) + 1, shape).astype(np.int32)
     ids[0, :3] = num_rows  # padding
     rows, inverse = jax.jit(sparse.unique_rows, static_argnums=(1, 2))(jnp.asarray(ids), num_rows, size)
-    ref_rows, ref_inverse = jnp.unique(ids.ravel(), size=size or ids.size, fill_value=num_rows,
-                                       return_inverse=True)
+    unique = functools.partial(jnp.unique, size=size or ids.size, fill_value=num_rows, return_inverse=True)
+    ref_rows, ref_inverse = jax.jit(unique)(ids.ravel())
     np.testing.assert_array_equal(rows, ref_rows)
     np.testing.assert_array_equal(inverse, np.asarray(ref_inverse).reshape(shape))
     np.testing.assert_array_equal(np.asarray(rows)[np.asarray(inverse)], ids)

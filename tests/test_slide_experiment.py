@@ -120,7 +120,7 @@ BAD_SLIDE_VALUES = [  # (field, value, what the error says)
 ]
 
 
-# One launch in the fast tier (a launch is seconds); the test below checks every value's error in process.
+# One launch in the fast tier; the test below checks every value's error in process.
 @pytest.mark.parametrize("field, value, message", [BAD_SLIDE_VALUES[0]] + [
     pytest.param(*case, marks=pytest.mark.slow) for case in BAD_SLIDE_VALUES[1:]])
 def test_bad_slide_values_are_one_line(run_launch, tmp_path, field, value, message):
@@ -154,6 +154,7 @@ def test_p_at_1_plot_over_time_and_epochs(lsh_run, tmp_path):
 
 def test_p_at_1_plot_of_a_run_written_by_hand(tmp_path):
     """The plot of the test above, from a run folder holding what a run writes for it."""
+    from hwrepro.study import report
     from hwrepro.study.report import figures
 
     workdir = tmp_path / "run"
@@ -164,6 +165,7 @@ def test_p_at_1_plot_of_a_run_written_by_hand(tmp_path):
     (workdir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = figures.time_to_accuracy([workdir], tmp_path / "p1.png")
     assert out.stat().st_size > 10_000  # two panels with a curve each (an empty figure is ~5 KB)
+    assert report.main(["--time-to-accuracy", str(tmp_path / "p.png"), str(tmp_path / "nothing")]) == 2
 
 
 def test_more_candidates_than_labels_is_a_config_error(tmp_path):

@@ -124,6 +124,26 @@ def test_same_config_and_seed_is_bit_identical(two_runs):
     assert c["param_sha256"] != a["param_sha256"]
 
 
+
+def test_a_short_run_in_process_writes_the_four_records(unoptimized, tmp_path):
+    """The fast tier's autoencoder run: test_launch_writes_the_four_records without the launch, on 512 IDX
+    images instead of 70,000 synthetic ones."""
+    data_dir, workdir = tmp_path / "mnist", tmp_path / "run"
+    data_dir.mkdir()
+    _write_mnist(data_dir, n_train=512, n_test=64, compress=False)
+    config = tiny_autoencoder_config(batch_size=64)
+    config.data.dir = str(data_dir)
+    final = runner.run_here(config, workdir, quiet=True)
+    assert json.loads((workdir / "config.json").read_text())["train"]["batch_size"] == 64
+    run = json.loads((workdir / "run.json").read_text())
+    assert run["status"] == "done" and run["end_time"] and "IDX" in run["data_source"]
+    rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [10, 20, 30]
+    assert all({"loss", "seconds", "examples_per_s", "epoch"} <= set(r) for r in rows)
+    assert json.loads((workdir / "final.json").read_text()) == final
+    assert len(final["param_sha256"]) == 64 and final["test_loss"] > 0 and final["wall_seconds"] > 0
+
+
 def test_failed_run_is_recorded_as_failed(tmp_path, monkeypatch):
     from hwrepro.experiments import autoencoder
 
