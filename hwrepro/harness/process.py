@@ -50,8 +50,7 @@ def run_in_child(config: ml_collections.ConfigDict, workdir: Path, stdout=None, 
         cmd = [sys.executable, "-m", "hwrepro.harness.process", str(workdir)]
         # Start-up settings go in the child's environment; it applies the other numerics itself, before its JAX.
         env = numerics.startup_environment(config.numerics, os.environ)
-        repo_root = str(Path(__file__).resolve().parents[2])
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [repo_root, env.get("PYTHONPATH")]))
+        env["PYTHONPATH"] = _python_path(env)
         env[_PARENT_ENV] = str(os.getpid())
         child = subprocess.Popen(cmd, env=env, stdout=stdout, stderr=stderr, pass_fds=(lock,), process_group=0)
         with _forwarding_signals(child) as forwarded:
@@ -65,6 +64,11 @@ def run_in_child(config: ml_collections.ConfigDict, workdir: Path, stdout=None, 
         return code
     finally:
         os.close(lock)
+
+
+def _python_path(env) -> str:
+    """env's PYTHONPATH with this checkout's root first, so a child imports the same hwrepro."""
+    return os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH")]))
 
 
 @contextlib.contextmanager
@@ -107,8 +111,7 @@ def check_in_child(configs: dict[str, ml_collections.ConfigDict]) -> None:
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump({name: records.config_dict(c) for name, c in configs.items()}, f)
     try:
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[2]),
-                                                                        os.environ.get("PYTHONPATH")])))
+        env = dict(os.environ, PYTHONPATH=_python_path(os.environ))
         p = subprocess.run([sys.executable, "-m", "hwrepro.harness.process", "--check", f.name], env=env,
                            capture_output=True, text=True)
     finally:
