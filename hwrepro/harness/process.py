@@ -29,7 +29,6 @@ from typing import Iterator
 
 import ml_collections
 
-from hwrepro import experiments
 from hwrepro.errors import ConfigError, HwreproError
 from hwrepro.harness import interrupts, numerics, records, runner
 
@@ -126,9 +125,7 @@ def _check(path: str) -> int:
         config = ml_collections.ConfigDict(data)
         try:
             runner.validate(config)
-            module = experiments.get(config.experiment)
-            if hasattr(module, "validate"):
-                module.validate(config)
+            runner.experiment(config)
         except HwreproError as e:
             print(f"error: {name}: {e}", file=sys.stderr)
             return runner.EXIT_BAD_INPUT

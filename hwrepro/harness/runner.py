@@ -16,6 +16,7 @@ import shutil
 import sys
 import traceback
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import ml_collections
@@ -48,6 +49,14 @@ def validate(config: ml_collections.ConfigDict) -> None:
         raise ConfigError(f"seed={config.seed!r} must be a non-negative integer")
     numerics.validate(config.numerics)
     parallel.validate(config)
+
+
+def experiment(config: ml_collections.ConfigDict) -> ModuleType:
+    """The config's experiment module (imports it, and with it JAX), after its own checks of the config."""
+    module = experiments.get(config.experiment)
+    if hasattr(module, "validate"):
+        module.validate(config)
+    return module
 
 
 def _leaves(config: ml_collections.ConfigDict, prefix: str = "") -> list[tuple[str, Any]]:
@@ -90,9 +99,7 @@ def _run_locked(config: ml_collections.ConfigDict, workdir: Path, quiet: bool, p
     if before_jax:
         numerics.apply_before_jax(config.numerics)
     numerics.apply_after_jax(config.numerics)
-    module = experiments.get(config.experiment)
-    if hasattr(module, "validate"):
-        module.validate(config)
+    module = experiment(config)
     if not prepared:
         Run.prepare(workdir, config)
     rec = Run.start(workdir, config, {"before_jax": before_jax, **numerics.applied()}, quiet=quiet,
