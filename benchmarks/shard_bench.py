@@ -4,9 +4,12 @@ bytes each step sends between devices, for several (data, model) meshes in one r
     python benchmarks/shard_bench.py                          # meshes 1x1, 1x2, 2x1 (data x model), method lsh
     python benchmarks/shard_bench.py --meshes 1x1,1x2 --method sampled --steps 10
     python benchmarks/shard_bench.py --meshes 1x1,1x2,2x1,1x1@1 --rounds 3  # 1x1@1: one device on one core
+    python benchmarks/shard_bench.py --meshes 1x2,1x2/2                     # /2: over 2 local processes
 
 Each mesh runs in its own child process with JAX_NUM_CPU_DEVICES = data * model (JAX fixes its devices when
-it starts); `DxM@C` pins that child to C cores. Per device, "output layer" is W, b and their row-Adam
+it starts); `DxM@C` pins that child to C cores; `DxM/P` runs the mesh over P local processes joined by
+jax.distributed on loopback (CPU collectives over gloo; hwrepro.harness.parallel), each with D * M / P
+devices, and reports process 0's step time. Per device, "output layer" is W, b and their row-Adam
 moments, "tables" the LSH tables, read from the arrays' addressable shards. Bytes sent: computed from the
 shapes (hwrepro.sparse.sharded's docstring lists the collectives), and measured as the result sizes of the
 all-gather / all-reduce ops in the compiled step's HLO (a 1-device mesh keeps trivial all-reduces that move
@@ -65,10 +68,12 @@ def computed_bytes(method: str, data: int, model: int) -> int:
 
 
 def child(method: str, data: int, model: int, steps: int) -> dict:
+    from hwrepro.harness import parallel
+
+    parallel.initialize()  # a mesh over several processes: joined before JAX's backend starts
     import jax
     import numpy as np
 
-    from hwrepro import sparse
     from hwrepro.sparse import sharded
 
     mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:data * model]).reshape(data, model), ("data", "model"))
@@ -87,6 +92,7 @@ def child(method: str, data: int, model: int, steps: int) -> dict:
     batches = [{"feat_ids": rng.integers(0, F, (B, FMAX)).astype(np.int32),
                 "feat_vals": rng.random((B, FMAX)).astype(np.float32),
                 "labels": rng.integers(0, N, (B, LMAX)).astype(np.int32)} for _ in range(4)]
+    batches = [parallel.put_batch(mesh, b) for b in batches]
     step = sharded.make_train_step(mesh, method, num_labels=N, batch_size=B, learning_rate=1e-3, num_candidates=M)
     key = jax.random.key(1)
     t = time.time()
@@ -107,6 +113,32 @@ def child(method: str, data: int, model: int, steps: int) -> dict:
             "hlo_collective_result_bytes": hlo_collective_bytes(hlo)}
 
 
+def run_mesh(mesh: str, method: str, steps: int) -> dict:
+    """One mesh "DxM[@C][/P]" in fresh child processes; process 0's result, with every process's devices'
+    memory merged in (or {"error": ...})."""
+    from hwrepro.harness import parallel
+    from hwrepro.harness.process import _free_port
+
+    layout, _, processes = mesh.partition("/")
+    data, model = map(int, layout.partition("@")[0].split("x"))
+    processes = int(processes or 1)
+    coordinator = f"127.0.0.1:{_free_port()}"
+    env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES=str(data * model // processes))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    procs = [subprocess.Popen(
+        [sys.executable, __file__, "--child", mesh, "--method", method, "--steps", str(steps)], text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env=dict(env, **({parallel.PROCESS_ENV: parallel.Place(i, processes, coordinator).env()}
+                         if processes > 1 else {}))) for i in range(processes)]
+    outputs = [p.communicate(timeout=1800) for p in procs]
+    results = [json.loads(line[7:]) for out, _ in outputs for line in out.splitlines() if line.startswith("RESULT ")]
+    if len(results) < processes:
+        return {"error": "".join(err for _, err in outputs)[-2000:]}
+    for key in ("output_layer_MB_per_device", "tables_MB_per_device"):
+        results[0][key] = {d: mb for r in results for d, mb in r[key].items()}
+    return results[0]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--meshes", default="1x1,1x2,2x1", help="data x model meshes, comma-separated")
@@ -120,22 +152,17 @@ def main() -> None:
         mesh, _, cores = a.child.partition("@")
         if cores:  # before JAX starts: XLA sizes its thread pools from the affinity
             os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:int(cores)])
-        data, model = map(int, mesh.split("x"))
+        data, model = map(int, mesh.partition("/")[0].split("x"))
         result = child(a.method, data, model, a.steps)
         print("RESULT " + json.dumps({"mesh": a.child, **result}), flush=True)
         return
     steps: dict[str, list[float]] = {}
     for _ in range(a.rounds):
         for mesh in a.meshes.split(","):
-            data, model = map(int, mesh.partition("@")[0].split("x"))
-            env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES=str(data * model))
-            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-            proc = subprocess.run([sys.executable, __file__, "--child", mesh, "--method", a.method,
-                                   "--steps", str(a.steps)], capture_output=True, text=True, env=env)
-            lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
-            print(lines[-1][7:] if lines else f"mesh {mesh} failed: {proc.stderr[-2000:]}", flush=True)
-            if lines:
-                steps.setdefault(mesh, []).append(json.loads(lines[-1][7:])["step_ms"])
+            result = run_mesh(mesh, a.method, a.steps)
+            print(json.dumps(result) if "step_ms" in result else f"mesh {mesh} failed: {result['error']}", flush=True)
+            if "step_ms" in result:
+                steps.setdefault(mesh, []).append(result["step_ms"])
     base = statistics.median(steps.get("1x1", [float("nan")]))
     for mesh, ms in steps.items():
         print(f"{mesh}: median step {statistics.median(ms):.1f} ms over {len(ms)} rounds "

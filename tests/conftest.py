@@ -19,12 +19,22 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 
-def launch(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    """Runs `python launch.py ARGS` as a user would; returns the finished process (text output)."""
+def _launch_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    return env
+
+
+def launch(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Runs `python launch.py ARGS` as a user would; returns the finished process (text output)."""
     return subprocess.run([sys.executable, str(REPO / "launch.py"), *args], capture_output=True, text=True,
-                          cwd=cwd or REPO, env=env, timeout=timeout)
+                          cwd=cwd or REPO, env=_launch_env(), timeout=timeout)
+
+
+def launch_process(*args: str) -> subprocess.Popen:
+    """`python launch.py ARGS` started and left running (text pipes), for tests that act on it meanwhile."""
+    return subprocess.Popen([sys.executable, str(REPO / "launch.py"), *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=REPO, env=_launch_env())
 
 
 @pytest.fixture

@@ -285,13 +285,85 @@ def test_launch_with_two_model_shards_matches_the_single_device_run(tmp_path, ru
     assert abs(finals["lsh", "two"]["test_P@1"] - p) < 4 * (p * (1 - p) / 1000) ** 0.5
 
 
-def test_several_processes_are_refused_until_launched():
-    from configs.slide_amazon import slide_config
-    from hwrepro.errors import ConfigError
-    from hwrepro.harness import runner
+def test_a_process_knows_its_place_from_the_launcher_or_the_cluster(monkeypatch):
+    from hwrepro.harness import parallel
 
-    c = slide_config("tiny", "lsh")
-    c.parallel.update(model=2, processes=2)
-    c.numerics.cpu_devices = 1
-    with pytest.raises(ConfigError, match="parallel.processes=2"):
-        runner.validate(c)
+    for name in ("HWREPRO_PROCESS", "SLURM_PROCID", "SLURM_NTASKS", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    assert parallel.place() is None and parallel.cluster() is None
+    monkeypatch.setenv("HWREPRO_PROCESS", parallel.Place(1, 2, "127.0.0.1:1234").env())
+    assert parallel.place() == parallel.Place(1, 2, "127.0.0.1:1234")
+    monkeypatch.setenv("SLURM_NTASKS", "1")  # a one-task allocation is not a multi-process run
+    monkeypatch.setenv("SLURM_PROCID", "0")
+    assert parallel.cluster() is None
+    monkeypatch.setenv("SLURM_NTASKS", "4")
+    monkeypatch.setenv("SLURM_PROCID", "3")
+    assert parallel.cluster() == parallel.Place(3, 4, "auto")
+
+
+def _tiny_config_file(tmp_path: Path, epochs: int) -> Path:
+    config = tmp_path / f"tiny{epochs}.py"
+    config.write_text(f"import sys\nsys.path.insert(0, {str(REPO / 'tests')!r})\n"
+                      "from test_slide_experiment import tiny_config\n\ndef get_config():\n"
+                      f"    c = tiny_config('lsh')\n    c.train.num_epochs = {epochs}\n    return c\n")
+    return config
+
+
+TWO_PROCESSES = ("--config.parallel.processes=2", "--config.numerics.cpu_devices=1", "--config.parallel.model=2")
+
+
+@pytest.mark.slow
+def test_two_local_processes_end_with_the_one_process_runs_bits(tmp_path, run_launch):
+    """parallel.processes=2 (jax.distributed on loopback, gloo) against one process with two CPU devices:
+    the same mesh, so the same final.json metrics and parameter bits, hashed from the gathered parameters by
+    both processes; process 1 keeps its own record under process-1/."""
+    config = _tiny_config_file(tmp_path, 1)
+    finals = {}
+    for name, extra in (("one", ("--config.parallel.model=2", "--config.numerics.cpu_devices=2")),
+                        ("two", TWO_PROCESSES)):
+        proc = run_launch(f"--config={config}", f"--workdir={tmp_path / name}", *extra)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        finals[name] = json.loads((tmp_path / name / "final.json").read_text())
+    assert finals["two"]["param_sha256"] == finals["one"]["param_sha256"]
+    assert {k: v for k, v in finals["two"].items() if k.startswith("test_")} == \
+        {k: v for k, v in finals["one"].items() if k.startswith("test_")}
+    assert json.loads((tmp_path / "two" / "process-1" / "final.json").read_text())["param_sha256"] == \
+        finals["one"]["param_sha256"]
+    run = json.loads((tmp_path / "two" / "run.json").read_text())
+    assert run["parallel"]["process_count"] == 2 and run["parallel"]["cpu_collectives"] == "gloo"
+    assert (tmp_path / "two" / "process-0" / "output.txt").stat().st_size > 0
+
+
+def _running(folder: Path) -> bool:
+    """Whether a run's process (hwrepro.harness.process FOLDER...) is alive."""
+    return subprocess.run(["pgrep", "-f", f"hwrepro.harness.process {folder}"], capture_output=True).returncode == 0
+
+
+@pytest.mark.slow
+def test_a_dead_process_ends_the_others_with_a_clear_error(tmp_path):
+    """SIGKILL to process 1 of 2 mid-training: the launcher stops process 0 (blocked in a collective with the
+    dead peer) and exits 1 within 30 s, naming the dead process in its last line and in run.json."""
+    import time
+
+    from conftest import launch_process
+
+    workdir = tmp_path / "run"
+    proc = launch_process(f"--config={_tiny_config_file(tmp_path, 50)}", f"--workdir={workdir}", *TWO_PROCESSES)
+    try:
+        deadline = time.time() + 120
+        while not (workdir / "process-1" / "metrics.jsonl").exists() or \
+                not (workdir / "process-1" / "metrics.jsonl").read_text().strip():
+            assert proc.poll() is None and time.time() < deadline, "process 1 never logged a step"
+            time.sleep(0.2)
+        subprocess.run(["pkill", "-KILL", "-f", f"hwrepro.harness.process {workdir / 'process-1'}"], check=True)
+        killed = time.time()
+        _, err = proc.communicate(timeout=60)
+        assert time.time() - killed < 30
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1
+    assert err.strip().splitlines()[-1].startswith("error: process 1 of 2 was killed by SIGKILL")
+    status = json.loads((workdir / "run.json").read_text())["status"]
+    assert status.startswith("failed: process 1 of 2 was killed by SIGKILL")
+    assert not _running(workdir)

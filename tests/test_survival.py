@@ -6,14 +6,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import REPO, launch
+from conftest import launch, launch_process as start
 from hwrepro.data import xc
 from hwrepro.errors import ConfigError, DataError, RunFailed
 from hwrepro.harness import interrupts, records, runner
@@ -25,12 +24,6 @@ LONG = ["--config.train.num_steps=8000", "--config.train.checkpoint_every=500", 
         "--config.train.log_every=250"]
 SHORT = ["--config.train.num_steps=3000", "--config.train.checkpoint_every=500", "--config.train.eval_every=0",
          "--config.train.log_every=250"]
-
-
-def start(*args: str) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    return subprocess.Popen([sys.executable, str(REPO / "launch.py"), *args], cwd=REPO, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
 def wait_for(condition, timeout: float = 60.0) -> None:

@@ -9,6 +9,7 @@ at the end (dense scoring, plus LSH scoring for the lsh method).
 from __future__ import annotations
 
 import time
+import types
 from typing import Any
 
 import jax
@@ -26,6 +27,12 @@ from hwrepro.sparse import lsh, sharded
 from hwrepro.sparse.hashes import FAMILIES
 
 KS = (1, 3, 5)
+# hwrepro.sparse's functions as the run uses them on one device; sharded.on_mesh gives the same names over a
+# mesh, where a batch is first placed on the mesh (put_batch) and results are read back (to_host).
+ONE_DEVICE = types.SimpleNamespace(
+    **{name: getattr(sparse, name) for name in ("init_state", "make_train_step", "rebuild", "redraw", "topk",
+                                                "topk_lsh", "model_params")},
+    put_batch=lambda batch: batch, to_host=np.asarray)
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
@@ -72,20 +79,23 @@ def lsh_spec(config: ml_collections.ConfigDict) -> sparse.LshSpec:
 
 
 def evaluate(state: sparse.SlideState, eval_set, batch_size: int, use_lsh: bool, bucket_capacity: int,
-             dtype: Any, num_labels: int, progress: Progress | None = None, ops: Any = sparse) -> dict[str, float]:
+             dtype: Any, num_labels: int, progress: Progress | None = None, ops: Any = None) -> dict[str, float]:
     """P@1, P@3, P@5 over every point of `eval_set` (padding rows, mask False, are left out).
 
     `progress` (counting batches) is for the final evaluation, minutes long at Amazon-670K scale. `ops`:
-    hwrepro.sparse, or its mesh version (hwrepro.sparse.sharded.on_mesh)."""
+    ONE_DEVICE (hwrepro.sparse's functions), or their mesh version (hwrepro.sparse.sharded.on_mesh)."""
+    ops = ops or ONE_DEVICE
     hits = {k: 0.0 for k in KS}
     count = 0
     for i, batch in enumerate(eval_set.ordered(batch_size), 1):
         del batch["mask"]  # padding rows have no labels: precision_at_k leaves them out
+        placed = ops.put_batch(batch)
         if use_lsh:
-            ids = ops.topk_lsh(state.params, state.hash_fn, state.tables, batch, max(KS),
-                                 bucket_capacity=bucket_capacity, dtype=dtype)
+            ids = ops.topk_lsh(state.params, state.hash_fn, state.tables, placed, max(KS),
+                               bucket_capacity=bucket_capacity, dtype=dtype)
         else:
-            ids = ops.topk(state.params, batch, max(KS), dtype=dtype)
+            ids = ops.topk(state.params, placed, max(KS), dtype=dtype)
+        ids = ops.to_host(ids)
         labelled = int(np.any(batch["labels"] < num_labels, axis=1).sum())
         for name, p in sparse.precision_at_k(ids, batch["labels"], KS, num_labels).items():
             hits[int(name[2:])] += float(p) * labelled
@@ -110,10 +120,11 @@ def run(config: ml_collections.ConfigDict, rec: Run):
               f"method {m.method}" + (f" ({m.candidate_mode}, {m.num_candidates} candidates)"
                                       if m.method != "dense" else ""))
     compute_dtype = numerics.jnp_dtype(config.numerics.precision)
-    ops = sparse  # one device; a mesh: the same functions over it (hwrepro.sparse.sharded)
+    ops = ONE_DEVICE  # a mesh: the same functions over it (hwrepro.sparse.sharded)
     if parallel.is_sharded(config):
         mesh = parallel.mesh(config)
         ops = sharded.on_mesh(mesh, data.num_labels, config.train.batch_size)
+        rec.note("parallel", parallel.describe(mesh))
         rec.print(f"mesh: data {mesh.shape['data']} x model {mesh.shape['model']} over {jax.device_count()} "
                   f"{jax.default_backend()} devices in {jax.process_count()} process(es)")
     spec = lsh_spec(config)
@@ -127,7 +138,7 @@ def run(config: ml_collections.ConfigDict, rec: Run):
     num_steps = config.train.num_steps or config.train.num_epochs * data.steps_per_epoch
 
     def train_step(state, batch):
-        return step_fn(state, batch, jax.random.fold_in(step_key, state.step))
+        return step_fn(state, ops.put_batch(batch), jax.random.fold_in(step_key, state.step))
 
     schedule = lsh.RebuildSchedule(config.lsh.rebuild_period, config.lsh.rebuild_decay,
                                    config.lsh.redraw_period or None, config.lsh.redraw_decay)

@@ -1,8 +1,10 @@
 """What `python launch.py` does with a resolved config: a sweep when the config has one, else one run, in
-this process when its numerics can still apply here, else in a child process (hwrepro.harness.process)."""
+this process when its numerics can still apply here, else in a child process (hwrepro.harness.process); with
+parallel.processes > 1, that many local processes, or this task's one under Slurm / Open MPI."""
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import time
@@ -10,7 +12,8 @@ from pathlib import Path
 
 import ml_collections
 
-from hwrepro.harness import numerics, process, runner
+from hwrepro.errors import ConfigError
+from hwrepro.harness import numerics, parallel, process, runner
 
 
 def default_workdir(config: ml_collections.ConfigDict) -> Path:
@@ -24,13 +27,29 @@ def launch(config: ml_collections.ConfigDict, workdir: str | None = None, shard:
         from hwrepro.study import sweep
 
         return sweep.run_sweep(config, workdir, shard)
-    if "jax" in sys.modules or numerics.needs_fresh_process(config.numerics):
+    if config.get("parallel") and config.parallel.processes > 1:
+        runner.validate(config)
+        task = parallel.cluster()
+        if task is None:  # one machine: this process starts them all
+            return _exit_code(process.run_processes(config, workdir))
+        if task.count != config.parallel.processes:
+            raise ConfigError(f"parallel.processes={config.parallel.processes} but this allocation has {task.count} "
+                              "tasks")
+        # Slurm / Open MPI: this task is one process of the run; task 0 keeps the run's record in workdir.
+        workdir = workdir if task.index == 0 else workdir / f"process-{task.index}"
+        workdir.mkdir(parents=True, exist_ok=True)
+        os.environ[parallel.PROCESS_ENV] = task.env()
+    if "jax" in sys.modules or numerics.needs_fresh_process(config.numerics) or parallel.place():
         runner.validate(config)  # the shared fields, here; the child checks the experiment's own
-        code = process.run_in_child(config, workdir)
-        if code < 0:
-            print(f"error: the run's process was killed by {signal.Signals(-code).name}; rerun the same command to "
-                  "resume from its last checkpoint", file=sys.stderr)
-            return runner.EXIT_FAILED
-        return code
+        return _exit_code(process.run_in_child(config, workdir))
     runner.print_final(runner.run_here(config, workdir))
     return runner.EXIT_DONE
+
+
+def _exit_code(code: int) -> int:
+    """A child's exit code as the launcher's, saying how to resume when the child was killed."""
+    if code < 0:
+        print(f"error: the run's process was killed by {signal.Signals(-code).name}; rerun the same command to "
+              "resume from its last checkpoint", file=sys.stderr)
+        return runner.EXIT_FAILED
+    return code

@@ -72,6 +72,10 @@ def fit(state: Any,
     """
     host = {} if host is None else host
     train_seconds, start = 0.0, 0
+    if checkpoint_every and jax.process_count() > 1:
+        rec.print("checkpoints: not taken in a run over several processes (each would have to save and stop at "
+                  "the same step); train.checkpoint_every is ignored")
+        checkpoint_every = 0
     ckpt = Checkpoints(rec.workdir / CHECKPOINT_DIR, checkpoint_keep) if checkpoint_every else None
     if ckpt is not None and (start := ckpt.latest_step() or 0):
         state, saved = ckpt.restore(start, state)

@@ -7,15 +7,27 @@ has started.
 
 1 x 1 in one process is the single-device run, unchanged. `validate` needs no JAX (the launcher calls it
 before any process starts); `mesh` builds the `jax.sharding.Mesh` of shape (data, model).
+
+Several processes: on one machine the launcher starts parallel.processes local ones
+(hwrepro.harness.process.run_processes) and tells each its place in HWREPRO_PROCESS ("i/N@127.0.0.1:PORT");
+under Slurm or Open MPI (`cluster()`) each task of the allocation is one process, placed by JAX's own
+environment detection ("i/N@auto"). `initialize` joins them with jax.distributed before JAX's backend starts
+(CPU collectives over gloo). `put_batch` and `to_host` move arrays between a process's host memory and the
+mesh, which then spans devices this process cannot read.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+import os
+from typing import Any, Mapping, NamedTuple
 
 from hwrepro.errors import ConfigError
 
 AXES = ("data", "model")
+PROCESS_ENV = "HWREPRO_PROCESS"
+# A peer that stops answering ends the others after this long (JAX's coordination service heartbeat).
+HEARTBEAT_SECONDS = 10
+JOIN_SECONDS = 120
 
 
 def size(config: Mapping[str, Any]) -> int:
@@ -41,9 +53,6 @@ def validate(config: Mapping[str, Any]) -> None:
     for field in ("model", "data", "processes"):
         if not isinstance(p[field], int) or p[field] < 1:
             raise ConfigError(f"parallel.{field}={p[field]!r} must be a positive integer")
-    if p["processes"] > 1:
-        raise ConfigError(f"parallel.processes={p['processes']}: runs over several processes are not launched yet "
-                          "(one process with numerics.cpu_devices devices is)")
     n = config["numerics"]
     mesh_size = p["model"] * p["data"]
     if n["platform"] == "cpu":
@@ -82,3 +91,84 @@ def mesh(config: Mapping[str, Any]):
         raise ConfigError(f"parallel.model={p['model']} x parallel.data={p['data']} = {count} devices do not "
                           f"divide the {len(devices)} {jax.default_backend()} devices JAX has")
     return jax.sharding.Mesh(np.asarray(devices[:count]).reshape(p["data"], p["model"]), AXES)
+
+
+# --------------------------------------------------------------------------------------------- processes
+
+
+class Place(NamedTuple):
+    """This process's place in a multi-process run: index, count, coordinator ("HOST:PORT", or "auto" for
+    JAX's cluster detection)."""
+    index: int
+    count: int
+    coordinator: str
+
+    def env(self) -> str:
+        return f"{self.index}/{self.count}@{self.coordinator}"
+
+
+def place() -> Place | None:
+    """This process's Place from HWREPRO_PROCESS (set by the launcher), None in a one-process run."""
+    value = os.environ.get(PROCESS_ENV)
+    if not value:
+        return None
+    where, coordinator = value.split("@", 1)
+    index, count = where.split("/")
+    return Place(int(index), int(count), coordinator)
+
+
+def cluster() -> Place | None:
+    """This task's Place in a Slurm or Open MPI allocation of more than one task (then JAX finds the
+    coordinator itself), else None."""
+    for rank, size in (("SLURM_PROCID", "SLURM_NTASKS"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE")):
+        if int(os.environ.get(size, "1")) > 1 and rank in os.environ:
+            return Place(int(os.environ[rank]), int(os.environ[size]), "auto")
+    return None
+
+
+def initialize() -> None:
+    """Joins this process to the others of its run with jax.distributed (before JAX's backend starts); does
+    nothing in a one-process run. A peer that dies ends this process within about HEARTBEAT_SECONDS."""
+    where = place()
+    if where is None:
+        return
+    import jax
+
+    if where.coordinator == "auto":
+        jax.distributed.initialize(initialization_timeout=JOIN_SECONDS, heartbeat_timeout_seconds=HEARTBEAT_SECONDS)
+    else:
+        jax.distributed.initialize(coordinator_address=where.coordinator, num_processes=where.count,
+                                   process_id=where.index, initialization_timeout=JOIN_SECONDS,
+                                   heartbeat_timeout_seconds=HEARTBEAT_SECONDS)
+
+
+def describe(mesh) -> dict[str, Any]:
+    """What run.json records of a mesh: its shape, the processes and devices, the CPU collectives."""
+    import jax
+
+    return {"mesh": dict(mesh.shape), "process_count": jax.process_count(), "process_index": jax.process_index(),
+            "devices": [f"{d} (process {d.process_index})" for d in mesh.devices.flat],
+            "cpu_collectives": jax.config.jax_cpu_collectives_implementation if jax.process_count() > 1 else None}
+
+
+def put_batch(mesh, batch: Any) -> Any:
+    """A host batch (a pytree of arrays [B, ...], the same in every process) as global arrays split over
+    `data`: each process copies only the rows its own devices hold."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    sharding = NamedSharding(mesh, PartitionSpec("data"))
+    return jax.tree_util.tree_map(
+        lambda x: jax.make_array_from_callback(x.shape, sharding, lambda index: x[index]), batch)
+
+
+def to_host(x: Any) -> Any:
+    """A (possibly multi-process) array as a NumPy array in this process, gathered from the others if need be."""
+    import jax
+    import numpy as np
+
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        from jax.experimental import multihost_utils
+
+        return multihost_utils.process_allgather(x, tiled=True)
+    return np.asarray(x)

@@ -21,9 +21,12 @@ import ctypes
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -65,21 +68,120 @@ def run_in_child(config: ml_collections.ConfigDict, workdir: Path, stdout=None, 
         os.close(lock)
 
 
+def run_processes(config: ml_collections.ConfigDict, workdir: Path) -> int:
+    """Runs `config` over parallel.processes local processes joined by jax.distributed on a free loopback port;
+    returns the run's exit code.
+
+    Process 0 is the run: its record is workdir's own (config.json, run.json, metrics.jsonl, final.json).
+    Process i > 0 keeps its record in workdir/process-<i>/, and every process's output goes to
+    workdir/process-<i>/output.txt (process 0's is shown here too). When one process ends without success the
+    others are stopped (SIGTERM, then SIGKILL after STOP_SECONDS) and run.json says which one and why.
+    """
+    from hwrepro.harness import parallel
+
+    workdir = Path(workdir)
+    count = config.parallel.processes
+    folders = [workdir] + [workdir / f"process-{i}" for i in range(1, count)]
+    coordinator = f"127.0.0.1:{_free_port()}"
+    env = numerics.startup_environment(config.numerics, os.environ)
+    env["PYTHONPATH"] = _python_path(env)
+    env[_PARENT_ENV] = str(os.getpid())
+    lock = records.lock_workdir(workdir)
+    try:
+        with contextlib.ExitStack() as outputs:
+            children = []
+            for i, folder in enumerate(folders):
+                folder.mkdir(exist_ok=True)
+                records.Run.prepare(folder, config)
+                records.write_config(folder, config)
+                (workdir / f"process-{i}").mkdir(exist_ok=True)
+                output = outputs.enter_context(open(workdir / f"process-{i}" / "output.txt", "ab"))
+                children.append(subprocess.Popen(
+                    [sys.executable, "-m", "hwrepro.harness.process", str(folder)], pass_fds=(lock,),
+                    env=dict(env, **{parallel.PROCESS_ENV: parallel.Place(i, count, coordinator).env()}),
+                    stdout=subprocess.PIPE if i == 0 else output, stderr=subprocess.STDOUT, process_group=0))
+                if i == 0:
+                    shown = threading.Thread(target=_tee, args=(children[0].stdout, output), daemon=True)
+                    shown.start()
+            with _forwarding_signals(*children) as forwarded:
+                codes, first = _wait_all(children)
+            shown.join(timeout=5)
+    finally:
+        os.close(lock)
+    if first is None:
+        return runner.EXIT_DONE
+    if forwarded:
+        raise interrupts.Interrupted(forwarded[0], reported=True)
+    if first > 0 or codes[0] < 0:  # else process 0 recorded and printed why it failed itself
+        why = (f"process {first} of {count} {_exit_reason(codes[first])}; the others were stopped (its output: "
+               f"{workdir / f'process-{first}' / 'output.txt'})")
+        if records.status_of(workdir) != "done":
+            records.set_status(workdir, f"failed: {why}", "hwrepro.harness.process")
+        print(f"error: {why}", file=sys.stderr)
+    return runner.EXIT_BAD_INPUT if runner.EXIT_BAD_INPUT in codes else runner.EXIT_FAILED
+
+
+STOP_SECONDS = 10
+
+
+def _wait_all(children: list[subprocess.Popen]) -> tuple[list[int], int | None]:
+    """Waits for every child; once one ends with a non-zero code, the rest get SIGTERM, and SIGKILL after
+    STOP_SECONDS. Returns the exit codes and the index of the first child to fail (None if none did)."""
+    first, failed_at = None, 0.0
+    while None in [child.poll() for child in children]:  # every child polled, each time
+        if first is None:
+            first = next((i for i, c in enumerate(children) if c.returncode not in (None, 0)), None)
+            if first is not None:
+                failed_at = time.monotonic()
+                for child in children:
+                    if child.poll() is None:
+                        child.terminate()
+        elif time.monotonic() - failed_at > STOP_SECONDS:
+            for child in children:
+                if child.poll() is None:
+                    child.kill()
+        time.sleep(0.05)
+    codes = [child.returncode for child in children]
+    if first is None:
+        first = next((i for i, code in enumerate(codes) if code != 0), None)
+    return codes, first
+
+
+def _exit_reason(code: int) -> str:
+    return f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+
+
+def _tee(source, copy) -> None:
+    """Copies a child's output to this process's stdout and to `copy` until it ends."""
+    for chunk in iter(lambda: os.read(source.fileno(), 65536), b""):
+        sys.stdout.buffer.write(chunk)
+        sys.stdout.buffer.flush()
+        copy.write(chunk)
+        copy.flush()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def _python_path(env) -> str:
     """env's PYTHONPATH with this checkout's root first, so a child imports the same hwrepro."""
     return os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH")]))
 
 
 @contextlib.contextmanager
-def _forwarding_signals(child: subprocess.Popen) -> Iterator[list[str]]:
-    """While the child runs, SIGINT / SIGTERM / SIGHUP to this process are sent on to it; yields the names of
-    those forwarded (a second one reaches the child too, which then stops at once)."""
+def _forwarding_signals(*children: subprocess.Popen) -> Iterator[list[str]]:
+    """While the children run, SIGINT / SIGTERM / SIGHUP to this process are sent on to them; yields the names
+    of those forwarded (a second one reaches them too, and they then stop at once)."""
     forwarded: list[str] = []
 
     def forward(signum: int, frame) -> None:
         forwarded.append(signal.Signals(signum).name)
-        if child.poll() is None:
-            child.send_signal(signum)
+        for child in children:
+            if child.poll() is None:
+                child.send_signal(signum)
 
     try:
         previous = {s: signal.signal(s, forward) for s in interrupts.SIGNALS}

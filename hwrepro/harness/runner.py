@@ -98,6 +98,7 @@ def _run_locked(config: ml_collections.ConfigDict, workdir: Path, quiet: bool, p
     before_jax = "jax" not in sys.modules
     if before_jax:
         numerics.apply_before_jax(config.numerics)
+    parallel.initialize()  # several processes: joined before JAX's backend starts
     numerics.apply_after_jax(config.numerics)
     module = experiment(config)
     if not prepared:

@@ -58,6 +58,7 @@ import optax
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from hwrepro.harness import parallel
 from hwrepro.models import sparse_layers as model
 from hwrepro.sparse import lsh, sparse_adam, training
 from hwrepro.sparse.candidates import SAMPLERS, batch_shared_candidates, unique_rows
@@ -186,9 +187,9 @@ def redraw(mesh: jax.sharding.Mesh, state: SlideState, key: jax.Array) -> SlideS
 
 
 def gathered_params(params: Params, num_labels: int) -> Params:
-    """The modules' parameters in the single-device layout (padding rows dropped): what param_sha256 hashes,
-    comparable with an unsharded run. Reading them (np.asarray) gathers the shards."""
-    params = training.model_params(params)
+    """The modules' parameters in the single-device layout (padding rows dropped), as NumPy arrays gathered
+    from every shard and process: what param_sha256 hashes, comparable with an unsharded run."""
+    params = jax.tree_util.tree_map(parallel.to_host, training.model_params(params))
     out = params["output"]
     return {"input": dict(params["input"]),
             "output": {"weight": out["weight"][:num_labels], "bias": out["bias"][:num_labels]}}
@@ -455,7 +456,9 @@ def topk_lsh(mesh: jax.sharding.Mesh, params: Params, hash_fn: Any, tables: lsh.
 def on_mesh(mesh: jax.sharding.Mesh, num_labels: int, batch_size: int) -> Any:
     """This module's functions bound to a mesh, with hwrepro.sparse's signatures (init_state, make_train_step,
     rebuild, redraw, topk, topk_lsh, model_params), so a training loop written against hwrepro.sparse runs
-    sharded by swapping the namespace. model_params gathers the single-device layout (`gathered_params`)."""
+    sharded by swapping the namespace. model_params gathers the single-device layout (`gathered_params`);
+    put_batch places a host batch on the mesh and to_host reads a result back (harness.parallel), also when the
+    mesh spans processes."""
     def make_step(method, *, candidate_mode="shared", **kw):
         if candidate_mode != "shared":
             raise ValueError(f"candidate_mode={candidate_mode!r}: the sharded step has batch-shared candidates only")
@@ -470,4 +473,6 @@ def on_mesh(mesh: jax.sharding.Mesh, num_labels: int, batch_size: int) -> Any:
         topk_lsh=lambda params, hash_fn, tables, batch, k, **kw: topk_lsh(
             mesh, params, hash_fn, tables, batch, k, num_labels=num_labels, **kw),
         model_params=lambda params: gathered_params(params, num_labels),
+        put_batch=functools.partial(parallel.put_batch, mesh),
+        to_host=parallel.to_host,
     )
