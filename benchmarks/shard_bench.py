@@ -5,6 +5,7 @@ bytes each step sends between devices, for several (data, model) meshes in one r
     python benchmarks/shard_bench.py --meshes 1x1,1x2 --method sampled --steps 10
     python benchmarks/shard_bench.py --meshes 1x1,1x2,2x1,1x1@1 --rounds 3  # 1x1@1: one device on one core
     python benchmarks/shard_bench.py --meshes 1x2,1x2/2                     # /2: over 2 local processes
+    python benchmarks/shard_bench.py --platform gpu --meshes 1x1,1x2,2x1,1x2/2  # a machine with >= 2 GPUs
 
 Each mesh runs in its own child process with JAX_NUM_CPU_DEVICES = data * model (JAX fixes its devices when
 it starts); `DxM@C` pins that child to C cores; `DxM/P` runs the mesh over P local processes joined by
@@ -113,7 +114,7 @@ def child(method: str, data: int, model: int, steps: int) -> dict:
             "hlo_collective_result_bytes": hlo_collective_bytes(hlo)}
 
 
-def run_mesh(mesh: str, method: str, steps: int) -> dict:
+def run_mesh(mesh: str, method: str, steps: int, platform: str = "cpu") -> dict:
     """One mesh "DxM[@C][/P]" in fresh child processes; process 0's result, with every process's devices'
     memory merged in (or {"error": ...})."""
     from hwrepro.harness import parallel
@@ -123,13 +124,18 @@ def run_mesh(mesh: str, method: str, steps: int) -> dict:
     data, model = map(int, layout.partition("@")[0].split("x"))
     processes = int(processes or 1)
     coordinator = f"127.0.0.1:{_free_port()}"
-    env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES=str(data * model // processes))
+    per = data * model // processes
+    env = dict(os.environ, JAX_PLATFORMS="cuda" if platform == "gpu" else "cpu")
+    if platform == "cpu":
+        env["JAX_NUM_CPU_DEVICES"] = str(per)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     procs = [subprocess.Popen(
         [sys.executable, __file__, "--child", mesh, "--method", method, "--steps", str(steps)], text=True,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         env=dict(env, **({parallel.PROCESS_ENV: parallel.Place(i, processes, coordinator).env()}
-                         if processes > 1 else {}))) for i in range(processes)]
+                         if processes > 1 else {}),
+                 **({"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in range(i * per, (i + 1) * per))}
+                    if platform == "gpu" and processes > 1 else {}))) for i in range(processes)]
     outputs = [p.communicate(timeout=1800) for p in procs]
     results = [json.loads(line[7:]) for out, _ in outputs for line in out.splitlines() if line.startswith("RESULT ")]
     if len(results) < processes:
@@ -144,6 +150,8 @@ def main() -> None:
     ap.add_argument("--meshes", default="1x1,1x2,2x1", help="data x model meshes, comma-separated")
     ap.add_argument("--method", default="lsh", choices=("lsh", "sampled", "dense"))
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--platform", default="cpu", choices=("cpu", "gpu"),
+                    help="gpu: one GPU per device of the mesh (benchmarks/gpu_check.sh on a multi-GPU machine)")
     ap.add_argument("--rounds", type=int, default=1,
                     help="repeat the meshes this many times, interleaved (a shared machine's load drifts)")
     ap.add_argument("--child", default="", help=argparse.SUPPRESS)
@@ -159,7 +167,7 @@ def main() -> None:
     steps: dict[str, list[float]] = {}
     for _ in range(a.rounds):
         for mesh in a.meshes.split(","):
-            result = run_mesh(mesh, a.method, a.steps)
+            result = run_mesh(mesh, a.method, a.steps, a.platform)
             print(json.dumps(result) if "step_ms" in result else f"mesh {mesh} failed: {result['error']}", flush=True)
             if "step_ms" in result:
                 steps.setdefault(mesh, []).append(result["step_ms"])

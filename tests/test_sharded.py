@@ -247,6 +247,8 @@ if __name__ == "__main__":
                     "numerics.cpu_devices=0 gives 1 CPU device; set numerics.cpu_devices=2"),
     (dict(model=2, data=2, cpu_devices=2), "= 4 devices, but parallel.processes=1 x numerics.cpu_devices=2"),
     (dict(data=3, cpu_devices=3), "train.batch_size=128 is not a multiple of parallel.data=3"),
+    (dict(model=2, processes=2, cpu_devices=2), "= 2 devices, but parallel.processes=2 x numerics.cpu_devices=2 "
+                                                "gives 4 CPU devices; set numerics.cpu_devices=1"),
     (dict(model=0), "parallel.model=0 must be a positive integer"),
     (dict(cpu_devices=-1), "numerics.cpu_devices=-1 must be 0"),
 ])

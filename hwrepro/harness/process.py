@@ -98,7 +98,8 @@ def run_processes(config: ml_collections.ConfigDict, workdir: Path) -> int:
                 output = outputs.enter_context(open(workdir / f"process-{i}" / "output.txt", "ab"))
                 children.append(subprocess.Popen(
                     [sys.executable, "-m", "hwrepro.harness.process", str(folder)], pass_fds=(lock,),
-                    env=dict(env, **{parallel.PROCESS_ENV: parallel.Place(i, count, coordinator).env()}),
+                    env=dict(env, **{parallel.PROCESS_ENV: parallel.Place(i, count, coordinator).env()},
+                             **_gpus_of(config, i)),
                     stdout=subprocess.PIPE if i == 0 else output, stderr=subprocess.STDOUT, process_group=0))
                 if i == 0:
                     shown = threading.Thread(target=_tee, args=(children[0].stdout, output), daemon=True)
@@ -122,6 +123,14 @@ def run_processes(config: ml_collections.ConfigDict, workdir: Path) -> int:
 
 
 STOP_SECONDS = 10
+
+
+def _gpus_of(config: ml_collections.ConfigDict, index: int) -> dict[str, str]:
+    """On a GPU machine, process `index`'s share of the GPUs (CUDA_VISIBLE_DEVICES), unless the user chose."""
+    if config.numerics.platform != "gpu" or "CUDA_VISIBLE_DEVICES" in os.environ:
+        return {}
+    per = config.parallel.model * config.parallel.data // config.parallel.processes
+    return {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in range(index * per, (index + 1) * per))}
 
 
 def _wait_all(children: list[subprocess.Popen]) -> tuple[list[int], int | None]:

@@ -308,12 +308,12 @@ class Run:
 
     @classmethod
     def start(cls, workdir: Path, config: Any, numerics_applied: dict[str, Any], quiet: bool = False,
-              write_config: bool = True) -> "Run":
-        """Opens the record; `write_config` False when the launcher wrote config.json already."""
+              config_written: bool = False) -> "Run":
+        """Opens the record; `config_written` when the launcher wrote config.json already."""
         workdir = Path(workdir)
         config_data = config_dict(config)
-        if write_config:
-            write_json_atomic(workdir / CONFIG_FILE, config_data)
+        if not config_written:
+            write_config(workdir, config)
         try:
             resumes = read_json(workdir / "run.json").get("resumes", -1) + 1
         except (OSError, ValueError, AttributeError):

@@ -104,7 +104,7 @@ def _run_locked(config: ml_collections.ConfigDict, workdir: Path, quiet: bool, p
     if not prepared:
         Run.prepare(workdir, config)
     rec = Run.start(workdir, config, {"before_jax": before_jax, **numerics.applied()}, quiet=quiet,
-                    write_config=not prepared)
+                    config_written=prepared)
     rec.print(f"hwrepro: {config.experiment} '{config.name}' -> {workdir}")
     try:
         final_metrics, params = module.run(config, rec)
