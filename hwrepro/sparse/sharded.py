@@ -377,7 +377,29 @@ def make_train_step(
         specs = state_specs(state)
         return _shard_map(local, mesh, (specs, _batch_specs(batch), P()), (specs, P()))(state, batch, key)
 
-    return jax.jit(step, donate_argnums=0)
+    return _one_at_a_time(mesh, jax.jit(step, donate_argnums=0))
+
+
+def _one_at_a_time(mesh: jax.sharding.Mesh, fn: Any) -> Any:
+    """`fn` (jitted) waiting for its results when several of the mesh's devices share this process's CPU.
+
+    Seen once on 2 cores under heavy load (the main job with parallel.model = 2): one device's part of a step
+    waited 40 s in an all-reduce for the other's, and XLA aborted ("Expected 2 threads to join the
+    rendezvous"). The likely cause: XLA:CPU runs every device's part of a program on one thread pool sized by
+    the cores, and with steps dispatched ahead, parts of the next step can hold those threads. One step in
+    flight at a time leaves no such queue; on GPUs and across processes (one device each) dispatching ahead
+    is kept.
+    """
+    local = [d for d in mesh.devices.flat if d.process_index == jax.process_index()]
+    if len(local) < 2 or local[0].platform != "cpu":
+        return fn
+
+    @functools.wraps(fn)
+    def wait(*args, **kwargs):
+        return jax.block_until_ready(fn(*args, **kwargs))
+
+    wait.lower = fn.lower
+    return wait
 
 
 def candidates(mesh: jax.sharding.Mesh, state: SlideState, batch: Batch, key: jax.Array, *, num_labels: int,
