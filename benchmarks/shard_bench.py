@@ -14,8 +14,8 @@ devices, and reports process 0's step time. Per device, "output layer" is W, b a
 moments, "tables" the LSH tables, read from the arrays' addressable shards. Bytes sent: computed from the
 shapes (hwrepro.sparse.sharded's docstring lists the collectives), and measured as the result sizes of the
 all-gather / all-reduce ops in the compiled step's HLO (a 1-device mesh keeps trivial all-reduces that move
-nothing). Batches are random (feature and label ids uniform): timing, not learning. Results:
-docs/benchmarks.md, "The sharded step".
+nothing); over processes also as the loopback interface's bytes during the timed steps. Batches are
+random (feature and label ids uniform): timing, not learning. Results: docs/benchmarks.md, "The sharded step".
 """
 
 from __future__ import annotations
@@ -102,16 +102,30 @@ def child(method: str, data: int, model: int, steps: int) -> dict:
     for i in range(3):
         state, metrics = step(state, batches[i % 4], jax.random.fold_in(key, i))
     jax.block_until_ready(metrics)
+    loopback = _loopback_bytes()
     t = time.time()
     for i in range(steps):
         state, metrics = step(state, batches[i % 4], jax.random.fold_in(key, i))
     jax.block_until_ready(metrics)
-    return {"method": method, "data": data, "model": model, "step_ms": 1e3 * (time.time() - t) / steps,
+    step_s = time.time() - t
+    loopback = (_loopback_bytes() - loopback) / steps / jax.process_count() if jax.process_count() > 1 else None
+    return {"method": method, "data": data, "model": model, "step_ms": 1e3 * step_s / steps,
             "init_s": round(init_s, 1), "compile_s": round(compile_s, 1),
             "output_layer_MB_per_device": {d: round(b["output"] / 2**20, 1) for d, b in sorted(per_device.items())},
             "tables_MB_per_device": {d: round(b["tables"] / 2**20, 1) for d, b in sorted(per_device.items())},
             "bytes_per_step_computed": computed_bytes(method, data, model),
-            "hlo_collective_result_bytes": hlo_collective_bytes(hlo)}
+            "hlo_collective_result_bytes": hlo_collective_bytes(hlo),
+            "loopback_bytes_per_step_and_process": loopback}
+
+
+def _loopback_bytes() -> int:
+    """Bytes sent over the loopback interface so far (Linux /proc/net/dev; all processes on it, heartbeats
+    included): what processes joined on 127.0.0.1 really send each other."""
+    for line in Path("/proc/net/dev").read_text().splitlines():
+        name, _, fields = line.partition(":")
+        if name.strip() == "lo":
+            return int(fields.split()[8])  # transmit bytes
+    return 0
 
 
 def run_mesh(mesh: str, method: str, steps: int, platform: str = "cpu") -> dict:
