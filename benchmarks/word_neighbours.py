@@ -5,8 +5,9 @@
 RUN_DIR is a finished run of configs/slide_text8.py (or a sampled/dense variant) with train.checkpoints >= 1,
 so that trajectory.npz holds its parameters; the last snapshot is used. The corpus is rebuilt from the run's
 config.json (same file, same vocabulary). Without --words, the words of frequency ranks 50, 100, 200, 400,
-800 and 1600 are queried (a choice made before looking). As a yardstick the script also prints the cosine
-of random word pairs among the 10,000 most frequent words.
+800 and 1600 are queried (a choice made before looking). As yardsticks the script also prints the cosine
+of random word pairs among the 10,000 most frequent words, and the P@k on the run's held-out pairs of always
+predicting the k most frequent words (what a model that learned only word frequencies scores).
 """
 
 from __future__ import annotations
@@ -57,6 +58,17 @@ def random_pair_cosine(vectors: np.ndarray, top: int, n: int = 20_000, seed: int
     return float(cos.mean()), float(np.percentile(cos, 99))
 
 
+def frequency_baseline(config, corpus, ks=(1, 3, 5)) -> dict[str, float]:
+    """P@k on the run's held-out evaluation pairs when the k most frequent words are always predicted."""
+    from hwrepro.data import text8
+
+    labels = text8.label_data(config).test.batch["labels"]         # [n, 2 * window], padding = vocab size
+    hits = labels[:, :, None] == np.arange(max(ks))[None, None, :]   # ids are ranks: 0 = most frequent
+    found = hits.any(axis=1)                                         # [n, max k]: rank-r word is a context word
+    has = (labels < corpus.vocab_size).any(axis=1)
+    return {f"P@{k}": float(found[has, :k].sum(axis=1).mean() / k) for k in ks}
+
+
 def main(argv: list[str] | None = None) -> int:
     import ml_collections
 
@@ -85,6 +97,10 @@ def main(argv: list[str] | None = None) -> int:
     mean, p99 = random_pair_cosine(vectors, min(10_000, corpus.vocab_size))
     print(f"{config.name} ({config.model.method}), step {step}, corpus {corpus.source}: "
           f"{len(corpus.tokens):,} words, vocabulary {corpus.vocab_size:,}")
+    base = frequency_baseline(config, corpus)
+    final = json.loads((args.run_dir / "final.json").read_text()) if (args.run_dir / "final.json").is_file() else {}
+    print("held-out P@1/3/5: this run " + "/".join(f"{final.get(f'test_{k}', float('nan')):.4f}" for k in base)
+          + "; always the most frequent words " + "/".join(f"{v:.4f}" for v in base.values()))
     print(f"random pairs among the {min(10_000, corpus.vocab_size):,} most frequent words: "
           f"mean cosine {mean:.3f}, 99th percentile {p99:.3f}")
     for q, row, c in zip(queries, ids, cos):
