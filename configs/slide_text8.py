@@ -1,6 +1,12 @@
 """SLIDE word2vec on Text8: skip-gram, 200 hidden units, LSH output over the vocabulary (SLIDE MLSys 2021).
 
-data.dir holding the `text8` file trains on it; otherwise a synthetic Zipfian corpus of text8's size.
+data.dir holding the `text8` file trains on it; otherwise a synthetic Zipfian corpus of text8's size. Any
+plain-text file (gzip or dictzip too), tokenised as Text8 (lowercase a-z words):
+
+    python launch.py --config=configs/slide_text8.py --config.data.source=text \
+        --config.data.dir=/usr/share/dictd/gcide.dict.dz --config.train.checkpoints=1
+
+train.checkpoints=1 keeps the final word vectors in trajectory.npz for benchmarks/word_neighbours.py.
 """
 
 from configs.slide_amazon import slide_config

@@ -1,5 +1,7 @@
 """Text8 / word2vec data: vocabulary, subsampling, skip-gram windows, reader errors, synthetic corpus."""
 
+import gzip
+
 import numpy as np
 import pytest
 
@@ -155,3 +157,83 @@ def test_synthetic_contexts_are_predictable(corpus):
     nll_cooc = -np.mean(np.log(cooc[c_te, x_te] / cooc.sum(1)[c_te]))
     nll_unigram = -np.mean(np.log(unigram[x_te] / unigram.sum()))
     assert nll_unigram - nll_cooc > 0.5
+
+
+# --- any plain-text file as a corpus (data.source=text) ----------------------------------------------------
+
+PROSE = "The Cat, the cat's HAT!\n3 cats: the caf\xe9 (1913).\n"
+# letters_only: lowercase a-z runs, everything else a break (digits and 'é' too, so "café" -> "caf").
+PROSE_WORDS = ["the", "cat", "the", "cat", "s", "hat", "cats", "the", "caf"]
+
+
+def _text_config(path, min_count=1, batch_size=2, window=1):
+    from configs.slide_text8 import get_config
+
+    c = get_config()
+    c.data.source, c.data.dir, c.data.min_count, c.data.window = "text", str(path), min_count, window
+    c.train.batch_size = batch_size
+    c.eval.subset = 8
+    return c
+
+
+@pytest.mark.parametrize("encode", [lambda t: t.encode("utf-8"), lambda t: t.encode("cp1252"),
+                                    lambda t: gzip.compress(t.encode("utf-8"))])
+def test_a_text_file_is_tokenised_as_text8_whatever_its_encoding_or_compression(tmp_path, monkeypatch, encode):
+    path = tmp_path / "prose.txt.gz"                               # the name does not matter: gzip by content
+    path.write_bytes(encode(PROSE))
+    monkeypatch.setattr(t8, "_BLOCK_BYTES", 5)                    # words cut across reads
+    c = t8.read_text8(path, min_count=1, letters_only=True)
+    assert c.words == ("the", "cat", "caf", "cats", "hat", "s")   # by count, then alphabetical
+    np.testing.assert_array_equal(np.array(c.words)[c.tokens], PROSE_WORDS)
+
+
+def test_text_source_loads_a_file_through_the_config(tmp_path):
+    path = tmp_path / "book.txt"
+    path.write_text(" ".join(["alpha beta gamma beta"] * 30))
+    data = t8.label_data(_text_config(path, min_count=2))
+    assert data.source.startswith(f"{path} (plain text") and data.num_labels == 3
+    assert data.details["tokens"] == 120 and data.details["train_tokens"] == 114
+    batch = next(data.train_batches())
+    assert batch["feat_ids"].shape == (2, 1) and batch["labels"].shape == (2, 2)
+
+
+@pytest.mark.parametrize("data,problem", [
+    (b"", ":1: empty file: no words"),
+    (b"1913 -- 42\n", ":1: empty file: no words (no letters a-z)"),
+    (b"text then\n\x00\x01binary", ":2: not a text file: NUL byte at byte offset 10"),
+    (gzip.compress(b"some words " * 100)[:-30], ":1: broken gzip data after byte offset 0"),
+    (b"every word here is different", ": too few words for a vocabulary: none of its 5 distinct words occurs 2"),
+])
+def test_bad_text_files_are_one_line_naming_file_and_problem(tmp_path, data, problem):
+    path = tmp_path / "corpus"
+    path.write_bytes(data)
+    with pytest.raises(DataError) as err:
+        t8.label_data(_text_config(path, min_count=2))
+    assert str(err.value).startswith(f"{path}{problem}"), str(err.value)
+
+
+def test_a_text_too_short_to_train_on_and_a_missing_file_are_data_errors(tmp_path):
+    path = tmp_path / "short.txt"
+    path.write_text("one two one two one two")
+    with pytest.raises(DataError, match=rf"^{path}: too few words: 6 kept .*train.batch_size=128"):
+        t8.label_data(_text_config(path, batch_size=128))
+    path.write_text("word " * 40)                                  # subsampling keeps ~1 of the 38 training words
+    with pytest.raises(DataError, match=rf"^{path} \(plain text.*: epoch 0 kept fewer words than train.batch_size=30"):
+        next(t8.label_data(_text_config(path, batch_size=30)).train_batches())
+    with pytest.raises(DataError, match="data.source=text needs data.dir to be a text file"):
+        t8.label_data(_text_config(tmp_path / "absent.txt"))
+    with pytest.raises(DataError, match="no text8 file .* data.source=text"):
+        c = _text_config(tmp_path)
+        c.data.source = "auto"
+        t8.label_data(c)
+
+
+def test_text_source_is_checked_against_the_data_set_before_a_run(tmp_path):
+    from hwrepro.errors import ConfigError
+    from hwrepro.experiments import slide
+
+    slide.validate(_text_config(tmp_path / "any.txt"))            # text8 reads plain text
+    c = _text_config(tmp_path / "any.txt")
+    c.data.dataset = "tiny"
+    with pytest.raises(ConfigError, match="data.source='text' is not one of 'auto', 'synthetic' for data.dataset='tiny'"):
+        slide.validate(c)

@@ -2,6 +2,7 @@
 
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -109,6 +110,38 @@ def test_text8_word2vec_runs_on_a_small_synthetic_corpus(tmp_path):
     final = runner.run_here(c, tmp_path / "w2v", quiet=True)
     assert np.isfinite(final["test_P@1"]) and final["steps"] == 30
     assert "synthetic" in json.loads((tmp_path / "w2v" / "run.json").read_text())["data_source"]
+
+
+@pytest.mark.slow
+def test_word2vec_on_a_text_file_learns_which_words_share_contexts(tmp_path, capsys):
+    """Two topics that never share a window: each word's nearest neighbours (benchmarks/word_neighbours.py)
+    are the other words of its topic."""
+    import importlib.util
+
+    from configs.slide_text8 import get_config
+
+    topics = [["apple", "pear", "plum", "fig"], ["iron", "steel", "zinc", "lead"]]
+    rng = np.random.default_rng(0)
+    text = "\n\n".join(" ".join(rng.choice(topics[i % 2], 40)) for i in range(200))
+    (tmp_path / "book.txt").write_text(text.upper())              # tokenised to lowercase
+    c = get_config()
+    c.model.method = "dense"
+    c.model.hidden = 16
+    c.data.source, c.data.dir, c.data.window, c.data.subsample = "text", str(tmp_path / "book.txt"), 2, 0.0
+    c.train.num_steps, c.train.checkpoints, c.train.learning_rate = 200, 1, 1e-2
+    c.train.eval_every, c.train.log_every, c.eval.subset = 0, 100, 64
+    runner.run_here(c, tmp_path / "w2v", quiet=True)
+
+    script_path = Path(__file__).resolve().parent.parent / "benchmarks" / "word_neighbours.py"
+    spec = importlib.util.spec_from_file_location("word_neighbours", script_path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    capsys.readouterr()
+    assert script.main([str(tmp_path / "w2v"), "--words", "apple,zinc", "--k", "3"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    near = {line.split(" ")[0]: {w.split(" ")[0] for w in line.split(": ", 1)[1].split(", ")}
+            for line in lines if " (rank " in line}
+    assert near == {"apple": {"pear", "plum", "fig"}, "zinc": {"iron", "steel", "lead"}}, lines
 
 
 BAD_SLIDE_VALUES = [  # (field, value, what the error says)

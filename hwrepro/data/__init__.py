@@ -25,20 +25,24 @@ __all__ = ["DATASETS", "DataSet", "get", "load", "names", "register", "mnist", "
 
 
 class DataSet(NamedTuple):
-    """A registered data set: what it provides (`kind`) and how to load it from a run's config."""
+    """A registered data set: what it provides (`kind`), how to load it from a run's config, and the
+    `config.data.source` values it understands (checked before a run starts)."""
 
     name: str
     kind: str
     load: Callable[[Any], Any]
+    sources: tuple[str, ...] = ("auto", "synthetic")
 
 
 DATASETS: Registry = Registry("data set", __name__)
 
 
-def register(name: str, kind: str) -> Callable[[Callable], Callable]:
-    """Decorator: registers `load(config)` as data set `name` providing `kind`."""
+def register(name: str, kind: str, sources: tuple[str, ...] = ("auto", "synthetic")
+             ) -> Callable[[Callable], Callable]:
+    """Decorator: registers `load(config)` as data set `name` providing `kind`, reading the data.source values
+    `sources` (default: "auto", real files under data.dir or the synthetic stand-in, and "synthetic")."""
     def add(load: Callable) -> Callable:
-        DATASETS.register(name, DataSet(name, kind, load))
+        DATASETS.register(name, DataSet(name, kind, load, tuple(sources)))
         return load
     return add
 

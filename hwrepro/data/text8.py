@@ -1,16 +1,22 @@
-"""Word2vec (skip-gram) data for Text8, in the shared batch format.
+"""Word2vec (skip-gram) data for Text8 or any plain-text corpus, in the shared batch format.
 
 A skip-gram example is one centre word and the set of words around it. In the shared format that is
 feat_ids [B, 1] = the centre word, feat_vals [B, 1] = 1, labels [B, 2 * window] = its distinct context words,
 sorted, padded with vocab_size. As in word2vec.c, rare words are dropped from the text before windows are
 taken (or, optionally, mapped to an UNK word), frequent words are subsampled afresh each epoch, and each
 centre's window is shrunk to a random 1..window.
+
+Corpora (`data.source`): "auto" reads the text8 file in data.dir (else the synthetic Zipfian stand-in),
+"synthetic" forces the stand-in, "text" reads data.dir as any plain-text file (gzip, and so dictzip .dz,
+read directly), tokenised as Text8 was made: lowercase, letters a-z only, every other byte a word break.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import os
+import zlib
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -22,6 +28,10 @@ from hwrepro.errors import DataError
 
 _BLOCK_BYTES = 1 << 23
 _UNK = "<unk>"
+_GZIP_MAGIC = b"\x1f\x8b"
+# Text8's tokenisation as a byte table: A-Z -> a-z, a-z kept, every other byte (digits, punctuation, UTF-8
+# sequences of accented letters) -> a blank, so words are maximal runs of ASCII letters.
+_LETTERS_ONLY = bytes(c + 32 if 65 <= c <= 90 else c if 97 <= c <= 122 else 32 for c in range(256))
 TEXT8_TOKENS = 17_005_207     # words in the text8 file
 TEXT8_VOCAB = 71_290          # distinct words occurring at least 5 times
 
@@ -78,25 +88,41 @@ def _split_at_blank(chunk: bytes) -> int:
     return max(chunk.rfind(c) for c in (b" ", b"\n", b"\t", b"\r")) + 1
 
 
-def read_text8(path: str | os.PathLike, min_count: int = 5, max_vocab: int | None = None,
-               rare: str = "drop") -> Corpus:
-    """Reads a whitespace-separated text (text8: one 100 MB line) in 8 MiB blocks.
+def _open_text(path: str):
+    """The file as a binary stream, gunzipped when it starts with gzip's magic bytes (.gz, dictzip .dz)."""
+    try:
+        f = open(path, "rb")
+        if f.read(2) == _GZIP_MAGIC:
+            f.close()
+            return gzip.open(path, "rb")
+        f.seek(0)
+        return f
+    except OSError as e:
+        raise DataError(f"{path}: cannot read ({e.strerror})") from None
 
-    Words become provisional int32 ids block by block (a dict of distinct words, never a list of all 17M
-    words); build_corpus then sorts the vocabulary. DataError `path:line: ...` (with the byte offset) for a
-    file that is empty, has NUL bytes or is not UTF-8 (e.g. the unextracted text8.zip).
+
+def read_text8(path: str | os.PathLike, min_count: int = 5, max_vocab: int | None = None,
+               rare: str = "drop", letters_only: bool = False) -> Corpus:
+    """Reads a whitespace-separated text (text8: one 100 MB line; gzip-compressed files too) in 8 MiB blocks.
+
+    letters_only tokenises as Text8 was made (any text: lowercase, words = runs of letters a-z, any other byte
+    a break, so the encoding does not matter); otherwise words are the whitespace-separated UTF-8 tokens as
+    they are. Words become provisional int32 ids block by block (a dict of distinct words, never a list of
+    all 17M words); build_corpus then sorts the vocabulary. DataError `path:line: ...` (with the byte offset)
+    for a file that is empty, has NUL bytes (a binary file), is not UTF-8 (without letters_only; e.g. the
+    unextracted text8.zip) or is a broken gzip file, and `path: ...` when no word occurs min_count times.
     """
     path = os.fspath(path)
     ids_of: dict[bytes, int] = {}
     parts: list[np.ndarray] = []
     offset, line, rest = 0, 1, b""                    # bytes and newlines before `rest`
-    try:
-        f = open(path, "rb")
-    except OSError as e:
-        raise DataError(f"{path}: cannot read ({e.strerror})") from None
-    with f:
+    with _open_text(path) as f:
         while True:
-            chunk = f.read(_BLOCK_BYTES)
+            try:
+                chunk = f.read(_BLOCK_BYTES)
+            except (OSError, EOFError, zlib.error) as e:   # gzip.BadGzipFile is an OSError
+                raise DataError.at(path, line, f"broken gzip data after byte offset {offset} of the "
+                                               f"uncompressed text ({e or 'truncated'})") from None
             final = not chunk
             data = rest + chunk
             nul = data.find(b"\0")
@@ -105,12 +131,13 @@ def read_text8(path: str | os.PathLike, min_count: int = 5, max_vocab: int | Non
                                    f"not a text file: NUL byte at byte offset {offset + nul}")
             # Cut after the last blank: never inside a word, so never inside a UTF-8 sequence either.
             cut = len(data) if final else _split_at_blank(data)
-            try:
-                data[:cut].decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise DataError.at(path, line + data.count(b"\n", 0, e.start),
-                                   f"not UTF-8 text at byte offset {offset + e.start} (a compressed file?)") from None
-            words = data[:cut].split()
+            if not letters_only:
+                try:
+                    data[:cut].decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise DataError.at(path, line + data.count(b"\n", 0, e.start),
+                                       f"not UTF-8 text at byte offset {offset + e.start} (a compressed file?)") from None
+            words = (data[:cut].translate(_LETTERS_ONLY) if letters_only else data[:cut]).split()
             for w in set(words).difference(ids_of):
                 ids_of[w] = len(ids_of)
             parts.append(np.fromiter(map(ids_of.__getitem__, words), dtype=np.int32, count=len(words)))
@@ -120,9 +147,14 @@ def read_text8(path: str | os.PathLike, min_count: int = 5, max_vocab: int | Non
             if final:
                 break
     if not ids_of:
-        raise DataError.at(path, 1, "empty file: no words")
+        raise DataError.at(path, 1, "empty file: no words" + (" (no letters a-z)" if letters_only and offset else ""))
     raw_words = [w.decode("utf-8") for w in ids_of]    # dicts keep insertion order: index = provisional id
-    return build_corpus(np.concatenate(parts), raw_words, min_count, max_vocab, rare, source=path)
+    raw_ids = np.concatenate(parts)
+    corpus = build_corpus(raw_ids, raw_words, min_count, max_vocab, rare, source=path)
+    if corpus.vocab_size == 0 or (rare == "unk" and corpus.vocab_size == 1):
+        raise DataError(f"{path}: too few words for a vocabulary: none of its {len(raw_words):,} distinct words "
+                        f"occurs {min_count} times or more ({len(raw_ids):,} words in all)")
+    return corpus
 
 
 def synthetic_corpus(num_tokens: int = TEXT8_TOKENS, vocab_size: int = TEXT8_VOCAB, num_topics: int = 100,
@@ -232,12 +264,26 @@ def skipgram_batches(corpus: Corpus, batch_size: int, window: int, seed: int, ep
         yield skipgram_batch(tokens, centres, spans[centres], window, corpus.vocab_size)
 
 
-def load_corpus(path: str | os.PathLike | None, seed: int = 0, min_count: int = 5,
-                max_vocab: int | None = None, **synthetic_kwargs) -> Corpus:
-    """The text8 file at `path` when it exists, else the synthetic stand-in (its `source` says which)."""
-    if path and os.path.exists(path):
-        return read_text8(path, min_count, max_vocab)
-    return synthetic_corpus(seed=seed, **synthetic_kwargs)
+SOURCES = ("auto", "synthetic", "text")  # data.source values (module docstring)
+
+
+def load_corpus(d: Any) -> Corpus:
+    """The corpus a run's config.data names (fields source, dir, min_count, seed, num_train); its `source`
+    says which it is. A data.dir that does not hold what data.source asks for is a DataError."""
+    if d.source == "text":
+        if not d.dir or not os.path.isfile(d.dir):
+            raise DataError(f"data.source=text needs data.dir to be a text file (got {d.dir!r})")
+        corpus = read_text8(d.dir, d.min_count, letters_only=True)
+        return dataclasses.replace(corpus, source=f"{d.dir} (plain text; words: lowercase a-z runs, "
+                                                  f"min_count {d.min_count})")
+    if d.dir and d.source == "auto":
+        path = Path(d.dir) / "text8"
+        if not path.is_file():
+            raise DataError(f"data.dir={d.dir}: no text8 file (looked for {path}; any other text file: "
+                            f"data.source=text with data.dir=FILE)")
+        return read_text8(path, d.min_count)
+    sizes = {"num_tokens": d.num_train} if d.num_train else {}
+    return synthetic_corpus(seed=d.seed, **sizes)
 
 
 class _StaticEval:
@@ -252,18 +298,19 @@ class _StaticEval:
             yield pad_batch(part, batch_size, self.num_features, self.num_labels)
 
 
-@register("text8", kind="labels")
+@register("text8", kind="labels", sources=SOURCES)
 def label_data(config: Any) -> LabelData:
-    """word2vec skip-gram on text8 (data.dir/text8, else the synthetic corpus) as a "labels" data set: the
-    input is the centre word, the labels its context words. The last 5% of the corpus is held out, never
-    trained on: a fixed sample of its pairs is both the evaluation subset and the test set."""
+    """word2vec skip-gram on a corpus (load_corpus: text8, any text file, or the synthetic corpus) as a
+    "labels" data set: the input is the centre word, the labels its context words. The last 5% of the corpus
+    is held out, never trained on: a fixed sample of its pairs is both the evaluation subset and the test set.
+    A corpus too short for one training batch and a held-out window is a DataError."""
     d = config.data
-    path = str(Path(d.dir) / "text8") if d.dir and d.source == "auto" else None
-    if path and not os.path.isfile(path):
-        raise DataError(f"data.dir={d.dir}: no text8 file (looked for {path})")
-    sizes = {"num_tokens": d.num_train} if d.num_train else {}
-    corpus = load_corpus(path, seed=d.seed, min_count=d.min_count, **sizes)
+    corpus = load_corpus(d)
     cut = int(len(corpus.tokens) * 0.95)
+    if cut < config.train.batch_size or len(corpus.tokens) - cut <= d.window:
+        raise DataError(f"{d.dir if d.source == 'text' else corpus.source}: too few words: {len(corpus.tokens):,} kept in the vocabulary of "
+                        f"{corpus.vocab_size:,}; the first 95% must fill a batch (train.batch_size="
+                        f"{config.train.batch_size}) and the last 5% exceed the window (data.window={d.window})")
     train_corpus = dataclasses.replace(corpus, tokens=corpus.tokens[:cut])
     held_out = np.arange(cut, len(corpus.tokens) - d.window)
     rng = np.random.default_rng(d.seed)
@@ -275,8 +322,14 @@ def label_data(config: Any) -> LabelData:
     def endless():
         epoch = 0
         while True:
-            yield from skipgram_batches(train_corpus, config.train.batch_size, d.window, seed=config.seed,
-                                        epoch=epoch, sample=d.subsample)
+            empty = True
+            for batch in skipgram_batches(train_corpus, config.train.batch_size, d.window, seed=config.seed,
+                                          epoch=epoch, sample=d.subsample):
+                empty = False
+                yield batch
+            if empty:   # subsampling left fewer words than a batch: never loop for ever
+                raise DataError(f"{corpus.source}: epoch {epoch} kept fewer words than train.batch_size="
+                                f"{config.train.batch_size} after subsampling (data.subsample={d.subsample})")
             epoch += 1
 
     return LabelData(source=corpus.source, num_features=corpus.vocab_size, num_labels=corpus.vocab_size,
