@@ -10,8 +10,8 @@ bytes each step sends between devices, for several (data, model) meshes in one r
 Each mesh runs in its own child process with JAX_NUM_CPU_DEVICES = data * model (JAX fixes its devices when
 it starts); `DxM@C` pins that child to C cores; `DxM/P` runs the mesh over P local processes joined by
 jax.distributed on loopback (CPU collectives over gloo; hwrepro.harness.parallel), each with D * M / P
-devices, and reports process 0's step time. Per device, "output layer" is W, b and their row-Adam
-moments, "tables" the LSH tables, read from the arrays' addressable shards. Bytes sent: computed from the
+devices, and reports process 0's step time (`DxM@C/P`: process i pinned to cores [i C, (i + 1) C)). Per
+device, "output layer" is W, b and their row-Adam moments, "tables" the LSH tables, read from the arrays' addressable shards. Bytes sent: computed from the
 shapes (hwrepro.sparse.sharded's docstring lists the collectives), and measured as the result sizes of the
 all-gather / all-reduce ops in the compiled step's HLO (a 1-device mesh keeps trivial all-reduces that move
 nothing); over processes also as the loopback interface's bytes during the timed steps. Batches are
@@ -128,15 +128,21 @@ def _loopback_bytes() -> int:
     return 0
 
 
+def parse_mesh(spec: str) -> tuple[int, int, int, int]:
+    """"DxM[@C][/P]" -> (data, model, cores per process or 0 for all, processes)."""
+    m = re.fullmatch(r"(\d+)x(\d+)(?:@(\d+))?(?:/(\d+))?", spec)
+    if not m:
+        raise SystemExit(f"mesh {spec!r}: expected DATAxMODEL[@CORES][/PROCESSES], e.g. 1x2, 1x1@1, 1x2@1/2")
+    return int(m[1]), int(m[2]), int(m[3] or 0), int(m[4] or 1)
+
+
 def run_mesh(mesh: str, method: str, steps: int, platform: str = "cpu") -> dict:
     """One mesh "DxM[@C][/P]" in fresh child processes; process 0's result, with every process's devices'
     memory merged in (or {"error": ...})."""
     from hwrepro.harness import parallel
     from hwrepro.harness.process import _free_port
 
-    layout, _, processes = mesh.partition("/")
-    data, model = map(int, layout.partition("@")[0].split("x"))
-    processes = int(processes or 1)
+    data, model, _, processes = parse_mesh(mesh)
     coordinator = f"127.0.0.1:{_free_port()}"
     per = data * model // processes
     env = dict(os.environ, JAX_PLATFORMS="cuda" if platform == "gpu" else "cpu")
@@ -171,10 +177,11 @@ def main() -> None:
     ap.add_argument("--child", default="", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
-        mesh, _, cores = a.child.partition("@")
-        if cores:  # before JAX starts: XLA sizes its thread pools from the affinity
-            os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:int(cores)])
-        data, model = map(int, mesh.partition("/")[0].split("x"))
+        data, model, cores, _ = parse_mesh(a.child)
+        if cores:  # before JAX starts: XLA sizes its thread pools from the affinity; process i takes its own
+            from hwrepro.harness.numerics import own_cores
+
+            os.sched_setaffinity(0, own_cores(sorted(os.sched_getaffinity(0)), cores))
         result = child(a.method, data, model, a.steps)
         print("RESULT " + json.dumps({"mesh": a.child, **result}), flush=True)
         return

@@ -131,8 +131,17 @@ def apply_before_jax(n: Mapping[str, Any]) -> None:
         raise RuntimeError("numerics must be applied before JAX is imported; run the experiment in a subprocess")
     os.environ.update(environment(n, os.environ))
     if n["threads"]:
-        cores = sorted(os.sched_getaffinity(0))[: n["threads"]]
-        os.sched_setaffinity(0, cores)
+        os.sched_setaffinity(0, own_cores(sorted(os.sched_getaffinity(0)), n["threads"]))
+
+
+def own_cores(cores: list[int], threads: int) -> list[int]:
+    """The `threads` cores of `cores` this process runs on: the first ones, or process i's own slice in a
+    run over several processes on one machine (hwrepro.harness.parallel), so they do not share cores."""
+    from hwrepro.harness import parallel
+
+    where = parallel.place()
+    first = (where.index * threads) % len(cores) if where else 0
+    return (cores[first:] + cores[:first])[:threads]
 
 
 def apply_after_jax(n: Mapping[str, Any]) -> None:
