@@ -34,6 +34,7 @@ def get_config():
     c.data.synthetic_eval_videos = 32
     c.data.val_fraction = 0.1         # a video file (data.dir=x.avi): its middle 10% validates,
     c.data.test_fraction = 0.2        # its final 20% is the held-out test
+    c.data.frame_step = 1             # a video file: every k-th frame (a lower frame rate)
 
     c.train.batch_size = 16
     c.train.samples_per_epoch = 1600

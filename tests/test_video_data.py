@@ -223,6 +223,7 @@ def test_video_file_is_decoded_exactly_and_fitted(tmp_path, suffix):
     assert list(vid.sources) == ["clip" + suffix] * 20 and vid.source == str(path)
     small = video.read_video_file(path, channels=3, image_size=(4, 6), chunk_frames=3)  # chunks of 3, then 2
     np.testing.assert_array_equal(small.frames, video.fit_frames(frames, (4, 6)))
+    np.testing.assert_array_equal(video.read_video_file(path, 3, frame_step=3, chunk_frames=4).frames, frames[::3])
     grey = video.read_video_file(path, channels=1, image_size=(4, 4))   # 8x12 -> 4x6, centre 4 columns
     assert grey.frames.shape == (20, 4, 4, 1)
     grey_levels = np.broadcast_to((10 * np.arange(20))[:, None, None], (20, 4, 2))
@@ -255,6 +256,8 @@ def test_bad_video_files_name_the_file(tmp_path):
     with pytest.raises(DataError, match=r"short.mp4: 12 frames: too short for one clip of data.nt=4 frames in "
                                         r"its val part \(1 frames"):
         video.load_splits("auto", str(short), nt=4, image_size=(8, 12), channels=3, val_fraction=0.1)
+    with pytest.raises(DataError, match="data.frame_step=0 must be at least 1"):
+        video.read_video_file(short, frame_step=0)
     with pytest.raises(DataError, match="data.source=video needs data.dir to be a video file"):
         video.load_splits("video", str(tmp_path / "none"), nt=2, image_size=(8, 8), channels=1)
 

@@ -241,8 +241,9 @@ def video_files(path: str | Path) -> list[Path]:
 
 
 def read_video_file(path: str | Path, channels: int = 3, image_size: tuple[int, int] | None = None,
-                    resize: str = "area", chunk_frames: int = 64) -> VideoFrames:
-    """Every frame of a video file as uint8 [n, H, W, channels], its sources the file's name.
+                    resize: str = "area", frame_step: int = 1, chunk_frames: int = 64) -> VideoFrames:
+    """Every `frame_step`-th frame of a video file (from the first) as uint8 [n, H, W, channels], its sources
+    the file's name. A frame_step above 1 lowers the frame rate: more motion between consecutive frames.
 
     Decoded by ffmpeg (imageio-ffmpeg) to RGB, or to grey for channels 1 (ffmpeg's own conversion: the
     video's luma), `chunk_frames` at a time, each chunk fitted to `image_size` (`fit_frames`: scale, centre
@@ -254,6 +255,8 @@ def read_video_file(path: str | Path, channels: int = 3, image_size: tuple[int, 
         raise DataError(f"{path}: video frames are read with 1 or 3 channels, not {channels}")
     if not path.is_file():
         raise DataError(f"{path}: no such file")
+    if frame_step < 1:
+        raise DataError(f"data.frame_step={frame_step} must be at least 1")
     reader = _decoder().read_frames(str(path), pix_fmt="gray" if channels == 1 else "rgb24",
                                     bits_per_pixel=8 * channels)
     chunks, pending = [], []
@@ -263,7 +266,9 @@ def read_video_file(path: str | Path, channels: int = 3, image_size: tuple[int, 
                 warnings.filterwarnings("ignore", message="os.fork", category=RuntimeWarning)
                 meta = next(reader)  # starts ffmpeg
             width, height = meta["size"]
-            for raw in reader:
+            for index, raw in enumerate(reader):
+                if index % frame_step:
+                    continue
                 pending.append(np.frombuffer(raw, np.uint8).reshape(height, width, channels))
                 if len(pending) == chunk_frames:
                     chunks.append(_fit_chunk(np.stack(pending), image_size, resize))
@@ -310,10 +315,11 @@ def split_by_time(video: VideoFrames, val_fraction: float, test_fraction: float)
 
 
 def read_video_splits(files: list[Path], nt: int, *, channels: int, image_size: tuple[int, int] | None,
-                      resize: str = "area", val_fraction: float = 0.1, test_fraction: float = 0.2) -> VideoSplits:
+                      resize: str = "area", frame_step: int = 1, val_fraction: float = 0.1,
+                      test_fraction: float = 0.2) -> VideoSplits:
     """Video files as train, val and test parts of each (`split_by_time`). DataError naming the file when a
     part of every video is shorter than one clip of nt frames."""
-    videos = [read_video_file(f, channels, image_size, resize) for f in files]
+    videos = [read_video_file(f, channels, image_size, resize, frame_step) for f in files]
     splits = []
     for name, part in zip(VideoSplits._fields, split_by_time(
             VideoFrames(np.concatenate([v.frames for v in videos]), np.concatenate([v.sources for v in videos]),
@@ -480,17 +486,17 @@ def load_video(config: Any) -> VideoSplits:
     d = config.data
     return load_splits(d.source, d.dir, nt=d.nt, image_size=tuple(d.image_size), channels=d.channels,
                        resize=d.resize, seed=d.seed, synthetic=dict(d.synthetic),
-                       synthetic_eval_videos=d.synthetic_eval_videos, val_fraction=d.val_fraction,
-                       test_fraction=d.test_fraction)
+                       synthetic_eval_videos=d.synthetic_eval_videos, frame_step=d.frame_step,
+                       val_fraction=d.val_fraction, test_fraction=d.test_fraction)
 
 
 def load_splits(source: str, data_dir: str, *, nt: int, image_size: tuple[int, int], channels: int,
                 resize: str = "area", seed: int = 0, synthetic: dict | None = None, synthetic_eval_videos: int = 0,
-                val_fraction: float = 0.1, test_fraction: float = 0.2) -> VideoSplits:
+                frame_step: int = 1, val_fraction: float = 0.1, test_fraction: float = 0.2) -> VideoSplits:
     """Train, val and test frames as data.source says.
 
     'video', or 'auto' with data_dir a video file (VIDEO_SUFFIXES) or a folder of them and no split files:
-    each video decoded once and cut in time (`read_video_splits`); anything else resolves each split with
+    each video decoded once (every frame_step-th frame) and cut in time (`read_video_splits`); anything else resolves each split with
     `load_split` (the synthetic stand-in's val and test: `synthetic_eval_videos` videos, other seeds).
     """
     if source not in SOURCES:
@@ -504,7 +510,7 @@ def load_splits(source: str, data_dir: str, *, nt: int, image_size: tuple[int, i
                         f"folder of them (got {data_dir!r})")
     if files and (source == "video" or find_split(data_dir, "train") is None):
         return read_video_splits(files, nt, channels=channels, image_size=image_size, resize=resize,
-                                 val_fraction=val_fraction, test_fraction=test_fraction)
+                                 frame_step=frame_step, val_fraction=val_fraction, test_fraction=test_fraction)
     held_out = dict(synthetic or {}, **({"num_videos": synthetic_eval_videos} if synthetic_eval_videos else {}))
     return VideoSplits(*(load_split(source, data_dir, split, image_size=image_size, channels=channels,
                                     resize=resize, seed=seed, synthetic=synthetic if split == "train" else held_out)
