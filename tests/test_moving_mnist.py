@@ -80,6 +80,16 @@ def test_data_set_by_name_from_a_csv_of_digits(tmp_path):
         data.load(small_config(tmp_path / "missing.csv"), "video")
 
 
+def test_any_prednet_config_takes_moving_mnist_by_name(tmp_path, monkeypatch):
+    from configs.prednet_small import get_config
+
+    c = get_config()                                   # no data.moving_mnist group: the generator's defaults
+    c.data.update(dataset="moving_mnist", source="csv", dir=str(write_csv(tmp_path / "d.csv.gz")))
+    monkeypatch.setitem(moving_mnist.DEFAULTS, "num_videos", 4)
+    splits = data.load(c, "video")
+    assert splits.train.frames.shape == (4 * 20, 32, 32, 1) and len(set(splits.test.sources)) == 100
+
+
 @pytest.mark.slow
 def test_prednet_trains_on_moving_mnist(tmp_path):
     from hwrepro.harness import runner

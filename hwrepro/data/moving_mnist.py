@@ -21,6 +21,8 @@ from hwrepro.errors import DataError
 
 DIGIT = 28
 SPLIT_SEED_OFFSET = {"train": 0, "val": 1, "test": 2}
+# config.data.moving_mnist's fields where a config leaves them out: Srivastava et al.'s set, 2,000 training videos
+DEFAULTS = dict(num_videos=2000, eval_videos=100, num_frames=20, num_digits=2, canvas=64, step=0.1)
 
 
 def trajectories(rng: np.random.Generator, num_videos: int, num_frames: int, num_digits: int, canvas: int,
@@ -78,11 +80,12 @@ def as_video(videos: np.ndarray, name: str, image_size: tuple[int, int], resize:
 def load(config: Any) -> VideoSplits:
     """Moving MNIST for PredNet from config.data: source and dir choose the digits (`mnist.load`), seed the
     videos (train, val and test from seed + 0, 1, 2 thousand), `moving_mnist` the generator's fields
-    (num_videos, eval_videos, num_frames, num_digits, canvas, step); frames fitted to image_size."""
+    (num_videos, eval_videos, num_frames, num_digits, canvas, step; DEFAULTS for those it lacks, so any PredNet
+    config takes --config.data.dataset=moving_mnist); frames fitted to image_size."""
     d = config.data
     if d.channels != 1:
         raise DataError(f"data.dataset=moving_mnist is greyscale: data.channels must be 1, not {d.channels}")
-    m = dict(d.moving_mnist)
+    m = {**DEFAULTS, **dict(d.get("moving_mnist", {}))}
     digits = mnist.load(d.source, d.dir, d.seed)
     pools = {"train": digits.train_images, "val": digits.test_images, "test": digits.test_images}
     shape = {k: m[k] for k in ("num_frames", "num_digits", "canvas", "step")}

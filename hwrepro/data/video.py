@@ -282,7 +282,8 @@ def read_video_file(path: str | Path, channels: int = 3, image_size: tuple[int, 
     if not chunks:
         raise DataError(f"{path}: a video with no frames")
     frames = np.concatenate(chunks)
-    return VideoFrames(frames, np.full(len(frames), path.name), source=str(path))
+    every = f", 1 frame in {frame_step}" if frame_step > 1 else ""
+    return VideoFrames(frames, np.full(len(frames), path.name), source=f"{path}{every}")
 
 
 def _fit_chunk(frames: np.ndarray, image_size: tuple[int, int] | None, resize: str) -> np.ndarray:
@@ -482,12 +483,12 @@ def load_split(source: str, data_dir: str, split: str, *, image_size: tuple[int,
 @register("video", kind="video")
 def load_video(config: Any) -> VideoSplits:
     """The "video" data set from config.data (source, dir, image_size, channels, resize, nt, seed, and the
-    video-file and synthetic fields): see `load_splits`."""
+    video-file and synthetic fields; a config without the video-file fields gets load_splits' defaults)."""
     d = config.data
+    files = {k: d[k] for k in ("frame_step", "val_fraction", "test_fraction") if k in d}
     return load_splits(d.source, d.dir, nt=d.nt, image_size=tuple(d.image_size), channels=d.channels,
                        resize=d.resize, seed=d.seed, synthetic=dict(d.synthetic),
-                       synthetic_eval_videos=d.synthetic_eval_videos, frame_step=d.frame_step,
-                       val_fraction=d.val_fraction, test_fraction=d.test_fraction)
+                       synthetic_eval_videos=d.synthetic_eval_videos, **files)
 
 
 def load_splits(source: str, data_dir: str, *, nt: int, image_size: tuple[int, int], channels: int,
@@ -496,13 +497,14 @@ def load_splits(source: str, data_dir: str, *, nt: int, image_size: tuple[int, i
     """Train, val and test frames as data.source says.
 
     'video', or 'auto' with data_dir a video file (VIDEO_SUFFIXES) or a folder of them and no split files:
-    each video decoded once (every frame_step-th frame) and cut in time (`read_video_splits`); anything else resolves each split with
-    `load_split` (the synthetic stand-in's val and test: `synthetic_eval_videos` videos, other seeds).
+    each video decoded once (every frame_step-th frame) and cut in time (`read_video_splits`); anything else
+    resolves each split with `load_split` (the synthetic stand-in's val and test: `synthetic_eval_videos`
+    videos, other seeds).
     """
     if source not in SOURCES:
         raise DataError(f"data.source={source!r} is not one of {', '.join(SOURCES)}")
     files = video_files(data_dir) if data_dir and source in ("auto", "video") else []
-    if data_dir and Path(data_dir).is_file() and not files:
+    if source in ("auto", "video") and data_dir and Path(data_dir).is_file() and not files:
         raise DataError(f"{data_dir}: not a video file ({', '.join(VIDEO_SUFFIXES)}); data.dir for video is such "
                         f"a file, or a folder of them or of split data (train.npz, X_train.hkl, train/)")
     if source == "video" and not files:
