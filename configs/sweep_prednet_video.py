@@ -1,5 +1,7 @@
-"""configs/sweep_prednet.py's set-ups and seeds on a real video: PredNet (prednet_video: OpenCV's vtest.avi,
-grey 48x64, 8-frame clips) trained 96 steps of batch 8, evaluated on the video's held-out final 20%.
+"""The PredNet sweep on a real video (OpenCV's vtest.avi).
+
+configs/sweep_prednet.py's set-ups and seeds on prednet_video (grey 48x64, 1 frame in 3, 8-frame clips)
+trained 96 steps of batch 8, evaluated on the video's held-out final 20%.
 
     python launch.py --config=configs/sweep_prednet_video.py --workdir=runs/sweep_prednet_video
 
