@@ -2,6 +2,7 @@
 the synthetic stand-in, and a DataError naming the file for bad input."""
 
 import importlib.util
+import json
 
 import numpy as np
 import pytest
@@ -279,3 +280,20 @@ def test_bad_video_is_one_error_line_and_exit_2(run_launch, tmp_path):
     lines = p.stderr.strip().splitlines()  # the launcher's banner line, then the error
     assert p.returncode == 2 and len(lines) == 2 and "Traceback" not in p.stderr, p.stderr
     assert lines[-1].startswith(f"error: {tmp_path / 'notes.avi'}: not a readable video (")
+
+
+@pytest.mark.slow
+def test_prednet_trains_on_a_video_file(tmp_path):
+    from configs.prednet_video import get_config
+    from hwrepro.harness import runner
+
+    frames = np.random.default_rng(0).integers(0, 256, (40, 24, 32, 3), dtype=np.uint8)
+    config = get_config()
+    config.data.update(dir=str(write_video(tmp_path / "street.mp4", frames)), image_size=(16, 16), nt=4,
+                       frame_step=1)
+    config.train.num_steps, config.train.batch_size, config.train.log_every = 4, 4, 2
+    final = runner.run_here(config, tmp_path / "run", quiet=True)
+    assert np.isfinite(final["test_mse"]) and final["test_mse_copy_last"] > 0
+    record = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert record["data_source"] == f"{tmp_path / 'street.mp4'} (first 28 frames)"
+    assert record["data_details"]["test"].endswith("(final 8 frames)") and record["data_details"]["test_clips"] == 2
