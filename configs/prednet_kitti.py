@@ -26,6 +26,7 @@ def get_config():
         layer_loss_weights="L_0",    # the paper's L_0; L_all = [1, 0.1, 0.1, 0.1]
     )  # 6,915,948 parameters, as the reference model
 
+    c.data.dataset = "video"          # a "video" data set of hwrepro/data/ (or moving_mnist)
     c.data.image_size = (128, 160)
     c.data.channels = 3
     c.data.nt = 10
@@ -36,6 +37,9 @@ def get_config():
     c.data.synthetic = dict(num_videos=64, frames_per_video=30, num_objects=3, shape="disc",
                             object_size=(16.0, 40.0), speed=(1.5, 5.0))
     c.data.synthetic_eval_videos = 16
+    c.data.val_fraction = 0.1         # a video file (data.dir=x.avi): its middle 10% validates,
+    c.data.test_fraction = 0.2        # its final 20% is the held-out test
+    c.data.frame_step = 1             # a video file: every k-th frame (a lower frame rate)
 
     c.train.batch_size = 4
     c.train.samples_per_epoch = 500  # reference: 125 steps of 4 clips per "epoch"

@@ -21,6 +21,7 @@ def get_config():
         layer_loss_weights="L_0",
     )
 
+    c.data.dataset = "video"          # a "video" data set of hwrepro/data/ (or moving_mnist)
     c.data.image_size = (32, 32)
     c.data.channels = 1
     c.data.nt = 8
@@ -31,6 +32,9 @@ def get_config():
     c.data.synthetic = dict(num_videos=128, frames_per_video=24, num_objects=2, shape="square",
                             object_size=(6.0, 10.0), speed=(1.0, 2.5))
     c.data.synthetic_eval_videos = 32
+    c.data.val_fraction = 0.1         # a video file (data.dir=x.avi): its middle 10% validates,
+    c.data.test_fraction = 0.2        # its final 20% is the held-out test
+    c.data.frame_step = 1             # a video file: every k-th frame (a lower frame rate)
 
     c.train.batch_size = 16
     c.train.samples_per_epoch = 1600

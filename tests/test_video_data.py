@@ -1,7 +1,8 @@
-"""hwrepro.data.video: clips never cross a source boundary, readers of frame folders and arrays, resizing,
+"""hwrepro.data.video: clips never cross a source boundary, readers of video files, frame folders and arrays,
 the synthetic stand-in, and a DataError naming the file for bad input."""
 
 import importlib.util
+import json
 
 import numpy as np
 import pytest
@@ -186,3 +187,113 @@ def test_load_split_auto_real_or_synthetic(tmp_path):
         video.load_split("arrays", str(tmp_path), "test", image_size=(8, 8), channels=1)
     with pytest.raises(DataError, match="no train/"):
         video.load_split("folder", str(tmp_path), "train", image_size=(8, 8), channels=1)
+
+
+# ------------------------------------------------------------------------------------------- video files
+
+def write_video(path, frames):
+    """A lossless video file of uint8 frames [n, H, W, 3]: FFV1 in .avi, x264 RGB (qp 0) in .mp4."""
+    import imageio_ffmpeg
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    codec = dict(codec="ffv1", pix_fmt_out="bgr0") if path.suffix == ".avi" else dict(
+        codec="libx264rgb", pix_fmt_out="rgb24", output_params=["-qp", "0"])
+    writer = imageio_ffmpeg.write_frames(str(path), frames.shape[2:0:-1], fps=10, macro_block_size=1,
+                                         ffmpeg_log_level="error", **codec)
+    writer.send(None)
+    for frame in frames:
+        writer.send(np.ascontiguousarray(frame).tobytes())
+    writer.close()
+    assert path.stat().st_size > 0
+    return path
+
+
+def numbered_frames(n, size=(8, 12)):
+    """Frame i: a grey level of 10 * i (so a frame shows where it came from), with a coloured left half."""
+    frames = np.broadcast_to((10 * np.arange(n, dtype=np.uint8))[:, None, None, None], (n, *size, 3)).copy()
+    frames[:, :, : size[1] // 2, 0] = 200
+    return frames
+
+
+@pytest.mark.parametrize("suffix", [".avi", ".mp4"])
+def test_video_file_is_decoded_exactly_and_fitted(tmp_path, suffix):
+    frames = numbered_frames(20)
+    path = write_video(tmp_path / f"clip{suffix}", frames)
+    vid = video.read_video_file(path, channels=3)
+    np.testing.assert_array_equal(vid.frames, frames)                   # lossless codecs: every pixel back
+    assert list(vid.sources) == ["clip" + suffix] * 20 and vid.source == str(path)
+    small = video.read_video_file(path, channels=3, image_size=(4, 6), chunk_frames=3)  # chunks of 3, then 2
+    np.testing.assert_array_equal(small.frames, video.fit_frames(frames, (4, 6)))
+    every_third = video.read_video_file(path, 3, frame_step=3, chunk_frames=4)
+    np.testing.assert_array_equal(every_third.frames, frames[::3])
+    assert every_third.source == f"{path}, 1 frame in 3"
+    grey = video.read_video_file(path, channels=1, image_size=(4, 4))   # 8x12 -> 4x6, centre 4 columns
+    assert grey.frames.shape == (20, 4, 4, 1)
+    grey_levels = np.broadcast_to((10 * np.arange(20))[:, None, None], (20, 4, 2))
+    np.testing.assert_allclose(grey.frames[:, :, 2:, 0], grey_levels, atol=1)  # right half: the frame's grey
+
+
+def test_video_is_cut_in_time_with_the_end_held_out(tmp_path):
+    path = write_video(tmp_path / "walk.avi", numbered_frames(20))
+    splits = video.load_splits("auto", str(path), nt=3, image_size=(8, 12), channels=3,
+                               val_fraction=0.15, test_fraction=0.25)
+    order = [np.rint(s.frames[:, 0, -1, 0] / 10).astype(int).tolist() for s in splits]  # frame numbers
+    assert order == [list(range(0, 12)), list(range(12, 15)), list(range(15, 20))]   # 3 and 5 of 20: the end
+    assert "final 5 frames" in splits.test.source and all(set(s.sources) == {"walk.avi"} for s in splits)
+    write_video(tmp_path / "two" / "b.mp4", numbered_frames(10))      # a folder: each video cut on its own
+    write_video(tmp_path / "two" / "a.avi", numbered_frames(10))
+    both = video.load_splits("video", str(tmp_path / "two"), nt=2, image_size=(8, 12), channels=3,
+                             val_fraction=0.2, test_fraction=0.2)
+    assert list(both.test.sources) == ["a.avi"] * 2 + ["b.mp4"] * 2
+    np.testing.assert_array_equal(both.test.frames[:, 0, -1, 0], [80, 90, 80, 90])
+
+
+def test_bad_video_files_name_the_file(tmp_path):
+    (tmp_path / "notes.avi").write_text("not a video\n")
+    with pytest.raises(DataError, match=r"notes.avi: not a readable video \(.*Invalid data"):
+        video.load_splits("auto", str(tmp_path / "notes.avi"), nt=2, image_size=(8, 8), channels=1)
+    (tmp_path / "notes.txt").write_text("not a video\n")
+    with pytest.raises(DataError, match=r"notes.txt: not a video file \(.avi"):
+        video.load_splits("auto", str(tmp_path / "notes.txt"), nt=2, image_size=(8, 8), channels=1)
+    short = write_video(tmp_path / "short.mp4", numbered_frames(12))
+    with pytest.raises(DataError, match=r"short.mp4: 12 frames: too short for one clip of data.nt=4 frames in "
+                                        r"its val part \(1 frames"):
+        video.load_splits("auto", str(short), nt=4, image_size=(8, 12), channels=3, val_fraction=0.1)
+    with pytest.raises(DataError, match="data.frame_step=0 must be at least 1"):
+        video.read_video_file(short, frame_step=0)
+    with pytest.raises(DataError, match="data.source=video needs data.dir to be a video file"):
+        video.load_splits("video", str(tmp_path / "none"), nt=2, image_size=(8, 8), channels=1)
+
+
+def test_missing_decoder_says_which_extra_to_install(tmp_path, monkeypatch):
+    path = write_video(tmp_path / "clip.avi", numbered_frames(4))
+    monkeypatch.setitem(__import__("sys").modules, "imageio_ffmpeg", None)  # import now raises ImportError
+    with pytest.raises(DataError, match=r"^reading video files needs a decoder: pip install -e '.\[video\]'"):
+        video.read_video_file(path)
+
+
+@pytest.mark.slow
+def test_bad_video_is_one_error_line_and_exit_2(run_launch, tmp_path):
+    (tmp_path / "notes.avi").write_text("not a video\n")
+    p = run_launch("--config=configs/prednet_video.py", f"--workdir={tmp_path / 'w'}",
+                   f"--config.data.dir={tmp_path / 'notes.avi'}")
+    lines = p.stderr.strip().splitlines()  # the launcher's banner line, then the error
+    assert p.returncode == 2 and len(lines) == 2 and "Traceback" not in p.stderr, p.stderr
+    assert lines[-1].startswith(f"error: {tmp_path / 'notes.avi'}: not a readable video (")
+
+
+@pytest.mark.slow
+def test_prednet_trains_on_a_video_file(tmp_path):
+    from configs.prednet_video import get_config
+    from hwrepro.harness import runner
+
+    frames = np.random.default_rng(0).integers(0, 256, (40, 24, 32, 3), dtype=np.uint8)
+    config = get_config()
+    config.data.update(dir=str(write_video(tmp_path / "street.mp4", frames)), image_size=(16, 16), nt=4,
+                       frame_step=1)
+    config.train.num_steps, config.train.batch_size, config.train.log_every = 4, 4, 2
+    final = runner.run_here(config, tmp_path / "run", quiet=True)
+    assert np.isfinite(final["test_mse"]) and final["test_mse_copy_last"] > 0
+    record = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert record["data_source"] == f"{tmp_path / 'street.mp4'} (first 28 frames)"
+    assert record["data_details"]["test"].endswith("(final 8 frames)") and record["data_details"]["test_clips"] == 2

@@ -9,8 +9,8 @@ in your own code):
     def load(config) -> data.xc.LabelData: ...
 
 `kind` says what an experiment gets from `load(config)`: "labels" (sparse inputs with multi-label targets in
-the shared batch format, `xc.LabelData`: the SLIDE experiment) or "images" (`mnist.ImageSplits`: the
-autoencoder). Data code knows nothing of models. NumPy only: importing it does not import JAX.
+the shared batch format, `xc.LabelData`: the SLIDE experiment), "images" (`mnist.ImageSplits`: the
+autoencoder) or "video" (`video.VideoSplits`: PredNet). Data code knows nothing of models. NumPy only: importing it does not import JAX.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from hwrepro.errors import ConfigError
 from hwrepro.registry import Registry
 
 
-__all__ = ["DATASETS", "DataSet", "get", "load", "names", "register", "mnist", "text8", "video", "xc"]
+__all__ = ["DATASETS", "DataSet", "get", "load", "names", "register", "mnist", "moving_mnist", "text8", "video", "xc"]
 
 
 class DataSet(NamedTuple):

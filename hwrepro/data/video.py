@@ -1,26 +1,34 @@
-"""Video frames for PredNet: folders of frame images, .npz/.hkl frame arrays, or synthetic moving objects.
+"""Video frames for PredNet: video files, folders of frame images, .npz/.hkl frame arrays, or synthetic moving
+objects; registered as the data set "video" (kind "video": a `VideoSplits` of train, val and test frames).
 
 Everything is a `VideoFrames`: frames [n, H, W, C] (uint8 0..255, or float32 0..1), a per-frame `sources`
 array naming the video each frame belongs to (consecutive frames of one video are consecutive in the
 array: the reference KITTI format, X [n, H, W, 3] uint8 + sources [n] strings), and a `source` string for
 the run record. Training clips are `nt` consecutive frames that never cross a source boundary.
 
-Numpy only (images are decoded with Pillow, which matplotlib already depends on); no JAX here.
+A video file (.avi, .mp4, ...) is one source, cut in time: its first part trains, the next part validates and
+its final part is the held-out test. Files are decoded by ffmpeg through imageio-ffmpeg, an optional extra
+(`pip install -e '.[video]'`). Numpy only otherwise (images are decoded with Pillow, which matplotlib already
+depends on); no JAX here.
 """
 
 from __future__ import annotations
 
 import re
+import warnings
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator, NamedTuple
 
 import numpy as np
 
+from hwrepro.data import register
 from hwrepro.errors import DataError
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
+VIDEO_SUFFIXES = (".avi", ".mp4", ".mkv", ".mov")
+SOURCES = ("auto", "arrays", "folder", "video", "synthetic")  # data.source of the "video" data set
 SPLIT_SEED_OFFSET = {"train": 0, "val": 1, "test": 2}  # synthetic splits: disjoint seeds, same generator
 START_MODES = ("all", "unique")
 
@@ -30,6 +38,14 @@ class VideoFrames:
     frames: np.ndarray   # [n, H, W, C] uint8 in 0..255 or float32 in 0..1
     sources: np.ndarray  # [n] str: the video of each frame
     source: str          # where the frames came from (a path, or 'synthetic: ...')
+
+
+class VideoSplits(NamedTuple):
+    """What a data set of kind "video" gives PredNet: training, validation and test frames."""
+
+    train: VideoFrames
+    val: VideoFrames
+    test: VideoFrames
 
 
 def to_unit_float(frames: np.ndarray) -> np.ndarray:
@@ -199,7 +215,127 @@ def read_frame_arrays(path: str | Path, sources_path: str | Path | None = None,
     return VideoFrames(frames, sources, source=str(path))
 
 
-def _reflect(x: np.ndarray, span: np.ndarray) -> np.ndarray:
+def _decoder() -> Any:
+    try:
+        import imageio_ffmpeg
+    except ImportError:
+        raise DataError("reading video files needs a decoder: pip install -e '.[video]' (imageio-ffmpeg)") from None
+    return imageio_ffmpeg
+
+
+def _ffmpeg_problem(error: Exception) -> str:
+    """ffmpeg's last stderr line (what went wrong), from imageio-ffmpeg's multi-line error."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return lines[-1] if lines else type(error).__name__
+
+
+def video_files(path: str | Path) -> list[Path]:
+    """[path] when it is a video file, the video files in it (natural order) when it is a folder, else []."""
+    path = Path(path)
+    if path.is_file():
+        return [path] if path.suffix.lower() in VIDEO_SUFFIXES else []
+    if path.is_dir():
+        return sorted((p for p in path.iterdir() if p.is_file() and p.suffix.lower() in VIDEO_SUFFIXES),
+                      key=_natural_key)
+    return []
+
+
+def read_video_file(path: str | Path, channels: int = 3, image_size: tuple[int, int] | None = None,
+                    resize: str = "area", frame_step: int = 1, chunk_frames: int = 64) -> VideoFrames:
+    """Every `frame_step`-th frame of a video file (from the first) as uint8 [n, H, W, channels], its sources
+    the file's name. A frame_step above 1 lowers the frame rate: more motion between consecutive frames.
+
+    Decoded by ffmpeg (imageio-ffmpeg) to RGB, or to grey for channels 1 (ffmpeg's own conversion: the
+    video's luma), `chunk_frames` at a time, each chunk fitted to `image_size` (`fit_frames`: scale, centre
+    crop) before the next is read, so memory holds the small frames plus one chunk at full size. DataError
+    naming the file when ffmpeg cannot read it or it has no frames.
+    """
+    path = Path(path)
+    if channels not in (1, 3):
+        raise DataError(f"{path}: video frames are read with 1 or 3 channels, not {channels}")
+    if not path.is_file():
+        raise DataError(f"{path}: no such file")
+    if frame_step < 1:
+        raise DataError(f"data.frame_step={frame_step} must be at least 1")
+    reader = _decoder().read_frames(str(path), pix_fmt="gray" if channels == 1 else "rgb24",
+                                    bits_per_pixel=8 * channels)
+    chunks, pending = [], []
+    try:
+        try:
+            with warnings.catch_warnings():  # JAX warns of any fork; this one only starts ffmpeg (fork + exec)
+                warnings.filterwarnings("ignore", message="os.fork", category=RuntimeWarning)
+                meta = next(reader)  # starts ffmpeg
+            width, height = meta["size"]
+            for index, raw in enumerate(reader):
+                if index % frame_step:
+                    continue
+                pending.append(np.frombuffer(raw, np.uint8).reshape(height, width, channels))
+                if len(pending) == chunk_frames:
+                    chunks.append(_fit_chunk(np.stack(pending), image_size, resize))
+                    pending = []
+        except (OSError, RuntimeError, StopIteration, ValueError) as e:
+            raise DataError(f"{path}: not a readable video ({_ffmpeg_problem(e)})") from None
+    finally:
+        reader.close()
+    if pending:
+        chunks.append(_fit_chunk(np.stack(pending), image_size, resize))
+    if not chunks:
+        raise DataError(f"{path}: a video with no frames")
+    frames = np.concatenate(chunks)
+    every = f", 1 frame in {frame_step}" if frame_step > 1 else ""
+    return VideoFrames(frames, np.full(len(frames), path.name), source=f"{path}{every}")
+
+
+def _fit_chunk(frames: np.ndarray, image_size: tuple[int, int] | None, resize: str) -> np.ndarray:
+    return frames if image_size is None else fit_frames(frames, image_size, resize)
+
+
+def _runs(sources: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(first index, length) of each maximal run of equal consecutive sources: the videos. int64 [v] each."""
+    sources = np.asarray(sources)
+    starts = np.concatenate([[0], np.flatnonzero(sources[1:] != sources[:-1]) + 1]).astype(np.int64)
+    return starts, np.diff(np.concatenate([starts, [len(sources)]])).astype(np.int64)
+
+
+def split_by_time(video: VideoFrames, val_fraction: float, test_fraction: float) -> VideoSplits:
+    """Cuts every video of `video` in time: the first frames train, the next round(val_fraction * n)
+    validate, the final round(test_fraction * n) are the held-out test, so no test frame precedes or sits
+    among training frames. Each split keeps the videos' names as sources (clips never cross a cut)."""
+    if not (0 < val_fraction and 0 < test_fraction and val_fraction + test_fraction < 1):
+        raise DataError(f"{video.source}: val and test fractions ({val_fraction}, {test_fraction}) must be "
+                        f"positive and leave frames to train on")
+    starts, lengths = _runs(video.sources)
+    n_test = np.rint(lengths * test_fraction).astype(np.int64)
+    n_train = lengths - n_test - np.rint(lengths * val_fraction).astype(np.int64)
+    rank = np.arange(len(video.sources)) - np.repeat(starts, lengths)     # frame's place in its video
+    part = (rank >= np.repeat(n_train, lengths)).astype(np.int64) + (rank >= np.repeat(lengths - n_test, lengths))
+    where = {0: "first", 1: "middle", 2: "final"}
+    return VideoSplits(*(VideoFrames(video.frames[part == i], video.sources[part == i],
+                                     source=f"{video.source} ({where[i]} {int((part == i).sum())} frames)")
+                         for i in range(3)))
+
+
+def read_video_splits(files: list[Path], nt: int, *, channels: int, image_size: tuple[int, int] | None,
+                      resize: str = "area", frame_step: int = 1, val_fraction: float = 0.1,
+                      test_fraction: float = 0.2) -> VideoSplits:
+    """Video files as train, val and test parts of each (`split_by_time`). DataError naming the file when a
+    part of every video is shorter than one clip of nt frames."""
+    videos = [read_video_file(f, channels, image_size, resize, frame_step) for f in files]
+    splits = []
+    for name, part in zip(VideoSplits._fields, split_by_time(
+            VideoFrames(np.concatenate([v.frames for v in videos]), np.concatenate([v.sources for v in videos]),
+                        source=", ".join(map(str, files))), val_fraction, test_fraction)):
+        _, lengths = _runs(part.sources)
+        if not len(lengths) or lengths.max() < nt:
+            counts = ", ".join(f"{v.source}: {len(v.frames)} frames" for v in videos)
+            raise DataError(f"{counts}: too short for one clip of data.nt={nt} frames in its {name} part "
+                            f"({int(lengths.max()) if len(lengths) else 0} frames; val and test take "
+                            f"{val_fraction} and {test_fraction} of each video)")
+        splits.append(part)
+    return VideoSplits(*splits)
+
+
+def triangle_wave(x: np.ndarray, span: np.ndarray | float) -> np.ndarray:
     """Position bouncing between 0 and span (a triangle wave), elementwise."""
     return span - np.abs(np.mod(x, 2 * span) - span)
 
@@ -234,7 +370,7 @@ def synthetic_moving_objects(num_videos: int = 64, frames_per_video: int = 20,
     ys, xs = np.arange(height, dtype=np.float64), np.arange(width, dtype=np.float64)
     frames = np.empty((num_videos, frames_per_video, height, width, channels), np.uint8)
     for v in range(num_videos):  # one video at a time bounds memory at [T, K, H, W]
-        pos = _reflect(start[v] + velocity[v] * t, span[v])       # [T, K, 2] top-left corners
+        pos = triangle_wave(start[v] + velocity[v] * t, span[v])       # [T, K, 2] top-left corners
         s = size[v, :, 0][None, :, None]                          # [1, K, 1]
         if shape == "square":
             cover_y = np.clip(np.minimum(ys + 1, pos[..., 0:1] + s) - np.maximum(ys, pos[..., 0:1]), 0, 1)
@@ -263,11 +399,8 @@ def sequence_starts(sources: np.ndarray, nt: int, mode: str = "all") -> np.ndarr
     """
     if mode not in START_MODES:
         raise DataError(f"sequence start mode must be one of {START_MODES}, got {mode!r}")
-    sources = np.asarray(sources)
     n = len(sources)
-    boundaries = np.flatnonzero(sources[1:] != sources[:-1]) + 1
-    run_starts = np.concatenate([[0], boundaries])
-    run_lengths = np.diff(np.concatenate([run_starts, [n]]))
+    run_starts, run_lengths = _runs(sources)
     if n == 0 or run_lengths.max() < nt:
         longest = int(run_lengths.max()) if n else 0
         raise DataError(f"no video has nt={nt} frames (longest: {longest} frames, {len(run_starts)} videos)")
@@ -345,3 +478,42 @@ def load_split(source: str, data_dir: str, split: str, *, image_size: tuple[int,
         return video
     split_seed = seed + 1000 * SPLIT_SEED_OFFSET.get(split, 3)
     return synthetic_moving_objects(image_size=image_size, channels=channels, seed=split_seed, **(synthetic or {}))
+
+
+@register("video", kind="video")
+def load_video(config: Any) -> VideoSplits:
+    """The "video" data set from config.data (source, dir, image_size, channels, resize, nt, seed, and the
+    video-file and synthetic fields; a config without the video-file fields gets load_splits' defaults)."""
+    d = config.data
+    files = {k: d[k] for k in ("frame_step", "val_fraction", "test_fraction") if k in d}
+    return load_splits(d.source, d.dir, nt=d.nt, image_size=tuple(d.image_size), channels=d.channels,
+                       resize=d.resize, seed=d.seed, synthetic=dict(d.synthetic),
+                       synthetic_eval_videos=d.synthetic_eval_videos, **files)
+
+
+def load_splits(source: str, data_dir: str, *, nt: int, image_size: tuple[int, int], channels: int,
+                resize: str = "area", seed: int = 0, synthetic: dict | None = None, synthetic_eval_videos: int = 0,
+                frame_step: int = 1, val_fraction: float = 0.1, test_fraction: float = 0.2) -> VideoSplits:
+    """Train, val and test frames as data.source says.
+
+    'video', or 'auto' with data_dir a video file (VIDEO_SUFFIXES) or a folder of them and no split files:
+    each video decoded once (every frame_step-th frame) and cut in time (`read_video_splits`); anything else
+    resolves each split with `load_split` (the synthetic stand-in's val and test: `synthetic_eval_videos`
+    videos, other seeds).
+    """
+    if source not in SOURCES:
+        raise DataError(f"data.source={source!r} is not one of {', '.join(SOURCES)}")
+    files = video_files(data_dir) if data_dir and source in ("auto", "video") else []
+    if source in ("auto", "video") and data_dir and Path(data_dir).is_file() and not files:
+        raise DataError(f"{data_dir}: not a video file ({', '.join(VIDEO_SUFFIXES)}); data.dir for video is such "
+                        f"a file, or a folder of them or of split data (train.npz, X_train.hkl, train/)")
+    if source == "video" and not files:
+        raise DataError(f"data.source=video needs data.dir to be a video file ({', '.join(VIDEO_SUFFIXES)}) or a "
+                        f"folder of them (got {data_dir!r})")
+    if files and (source == "video" or find_split(data_dir, "train") is None):
+        return read_video_splits(files, nt, channels=channels, image_size=image_size, resize=resize,
+                                 frame_step=frame_step, val_fraction=val_fraction, test_fraction=test_fraction)
+    held_out = dict(synthetic or {}, **({"num_videos": synthetic_eval_videos} if synthetic_eval_videos else {}))
+    return VideoSplits(*(load_split(source, data_dir, split, image_size=image_size, channels=channels,
+                                    resize=resize, seed=seed, synthetic=synthetic if split == "train" else held_out)
+                         for split in VideoSplits._fields))

@@ -4,7 +4,9 @@ Trains on the weighted error units (output_mode='error', layer weights L_0 or L_
 weighted 0) with Adam, the learning rate dropping 10x halfway as in the reference kitti_train.py, then
 evaluates on held-out test clips: next-frame MSE and SSIM of the model's predictions against the
 copy-last-frame baseline, frames 1..nt-1 (frame 0 is predicted from a zero state, so the reference ignores
-it). A PNG strip of true versus predicted frames goes to the run folder.
+it). A PNG strip of true versus predicted frames goes to the run folder. The frames come from
+config.data.dataset, a data set of kind "video" (hwrepro/data: "video" for files, frames, arrays or the
+synthetic stand-in; "moving_mnist").
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import numpy as np
 import optax
 from flax.training import train_state
 
+from hwrepro import data
 from hwrepro.harness import numerics
 from hwrepro.data import video
 from hwrepro.errors import ConfigError
@@ -31,6 +34,7 @@ from hwrepro.harness.loop import fit, snapshotter
 
 def validate(config: ml_collections.ConfigDict) -> None:
     m, d = config.model, config.data
+    data.get(d.dataset, "video")  # each data set checks its own data.source when it loads
     layers = len(m.stack_sizes)
     for name, want in (("R_stack_sizes", layers), ("A_filt_sizes", layers - 1),
                        ("Ahat_filt_sizes", layers), ("R_filt_sizes", layers)):
@@ -46,8 +50,6 @@ def validate(config: ml_collections.ConfigDict) -> None:
         raise ConfigError(f"model.layer_loss_weights={m.layer_loss_weights!r} is not 'L_0' or 'L_all'")
     if d.nt < 2:
         raise ConfigError(f"data.nt={d.nt} must be at least 2")
-    if d.source not in ("auto", "arrays", "folder", "synthetic"):
-        raise ConfigError(f"data.source={d.source!r} is not one of auto, arrays, folder, synthetic")
     if not 0 <= config.eval.extrap_start_time < d.nt:
         raise ConfigError(f"eval.extrap_start_time={config.eval.extrap_start_time} must be in [0, data.nt)")
 
@@ -211,24 +213,14 @@ def save_strip(path: Any, true: np.ndarray, predicted: np.ndarray, title: str) -
     fig.savefig(path, dpi=100)
 
 
-def load_data(config: ml_collections.ConfigDict) -> dict[str, video.VideoFrames]:
-    """Train, val and test frames; the synthetic stand-in's val/test splits are smaller, other seeds."""
-    d = config.data
-    load = functools.partial(video.load_split, d.source, d.dir, image_size=tuple(d.image_size),
-                             channels=d.channels, resize=d.resize, seed=d.seed)
-    held_out = dict(d.synthetic, num_videos=d.synthetic_eval_videos)
-    return {"train": load("train", synthetic=dict(d.synthetic)), "val": load("val", synthetic=held_out),
-            "test": load("test", synthetic=held_out)}
-
-
 def run(config: ml_collections.ConfigDict, rec: Run) -> tuple[dict[str, Any], Any]:
     """Trains and evaluates PredNet as the config says; returns (final metrics, parameters)."""
     d, t = config.data, config.train
-    splits = load_data(config)
-    starts = {"val": video.sequence_starts(splits["val"].sources, d.nt, "unique")[:d.num_val_clips or None],
-              "test": video.sequence_starts(splits["test"].sources, d.nt, "unique")[:d.num_test_clips or None]}
-    rec.note_data(splits["train"].source, val=splits["val"].source, test=splits["test"].source,
-                  train_frames=len(splits["train"].frames), val_clips=len(starts["val"]),
+    splits = data.load(config, "video")
+    starts = {"val": video.sequence_starts(splits.val.sources, d.nt, "unique")[:d.num_val_clips or None],
+              "test": video.sequence_starts(splits.test.sources, d.nt, "unique")[:d.num_test_clips or None]}
+    rec.note_data(splits.train.source, val=splits.val.source, test=splits.test.source,
+                  train_frames=len(splits.train.frames), val_clips=len(starts["val"]),
                   test_clips=len(starts["test"]))
 
     steps_per_epoch = max(t.samples_per_epoch // t.batch_size, 1)
@@ -238,7 +230,7 @@ def run(config: ml_collections.ConfigDict, rec: Run) -> tuple[dict[str, Any], An
     rec.note("param_count", param_count(state.params))
     layer_weights = jnp.asarray(layer_loss_weights(config.model.layer_loss_weights, len(config.model.stack_sizes)))
     time_weights = jnp.asarray(time_loss_weights(d.nt))
-    batches = video.batches(splits["train"], d.nt, t.batch_size,
+    batches = video.batches(splits.train, d.nt, t.batch_size,
                             seed=int(jax.random.randint(order_key, (), 0, 2 ** 31 - 1)))
     step = functools.partial(train_step, layer_weights=layer_weights, time_weights=time_weights)
     eval_model = make_model(config, output_mode="all", unroll=1)  # forward only: the loop is fast enough
@@ -246,10 +238,10 @@ def run(config: ml_collections.ConfigDict, rec: Run) -> tuple[dict[str, Any], An
                                     layer_weights=layer_weights, time_weights=time_weights)
 
     def eval_fn(s: train_state.TrainState) -> dict[str, float]:
-        metrics, _ = evaluate_on(s.params, eval_model, splits["val"], starts["val"])
+        metrics, _ = evaluate_on(s.params, eval_model, splits.val, starts["val"])
         return {k: metrics[k] for k in ("loss", "mse", "mse_copy_last")}
 
-    probe = jnp.asarray(video.clips(splits["val"], starts["val"][:t.batch_size], d.nt))
+    probe = jnp.asarray(video.clips(splits.val, starts["val"][:t.batch_size], d.nt))
     at_snapshot = snapshotter(rec, lambda s: s.params,
                                  loss_fn=functools.partial(loss_fn, apply_fn=state.apply_fn,
                                                            layer_weights=layer_weights, time_weights=time_weights),
@@ -259,16 +251,16 @@ def run(config: ml_collections.ConfigDict, rec: Run) -> tuple[dict[str, Any], An
                 eval_every=t.eval_every, snapshot_every=num_steps // t.checkpoints if t.checkpoints else 0,
                 snapshot_fn=at_snapshot, checkpoint_every=t.checkpoint_every, checkpoint_keep=t.checkpoint_keep)
 
-    final, predictions = evaluate_on(state.params, eval_model, splits["test"], starts["test"])
+    final, predictions = evaluate_on(state.params, eval_model, splits.test, starts["test"])
     if config.eval.extrap_start_time:
         extrap_model = make_model(config, output_mode="all", extrap_start_time=config.eval.extrap_start_time,
                                   unroll=1)
-        extrap, _ = evaluate_on(state.params, extrap_model, splits["test"], starts["test"])
+        extrap, _ = evaluate_on(state.params, extrap_model, splits.test, starts["test"])
         final.update({k: v for k, v in extrap.items() if k.startswith("extrap")})
     final = {f"test_{k}": v for k, v in final.items()}
     final["test_mse_ratio"] = final["test_mse"] / final["test_mse_copy_last"]
     strip = rec.workdir / "predictions.png"
-    save_strip(strip, video.clips(splits["test"], starts["test"][:1], d.nt)[0], predictions[0],
+    save_strip(strip, video.clips(splits.test, starts["test"][:1], d.nt)[0], predictions[0],
                f"{config.name}: test clip 0, true (top) vs PredNet next-frame prediction (bottom)")
     rec.print(f"test next-frame MSE {final['test_mse']:.6g} vs copy-last-frame {final['test_mse_copy_last']:.6g} "
               f"(ratio {final['test_mse_ratio']:.3f}); SSIM {final['test_ssim']:.4f} vs "
