@@ -26,6 +26,7 @@ from hwrepro.sparse import lsh, sharded
 from hwrepro.sparse.hashes import FAMILIES
 
 KS = (1, 3, 5)
+MAINTENANCE = ("rebuild", "incremental")  # lsh.maintenance: how the tables follow W between rebuilds
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
@@ -37,22 +38,28 @@ def validate(config: ml_collections.ConfigDict) -> None:
     FAMILIES.get(config.lsh.kind, "lsh.kind")
     checks = [("model.method", m.method, sparse.METHODS),
               ("model.candidate_mode", m.candidate_mode, sparse.CANDIDATE_MODES),
-              ("model.sampler", m.sampler, sparse.SAMPLERS)]
+              ("model.sampler", m.sampler, sparse.SAMPLERS),
+              ("lsh.maintenance", config.lsh.maintenance, MAINTENANCE)]
     for name, value, allowed in checks:
         if value not in allowed:
             raise ConfigError(f"{name}={value!r} is not one of {', '.join(map(repr, allowed))}")
     for name in ("model.hidden", "model.num_candidates", "model.bucket_capacity", "model.min_count",
                  "data.max_features", "data.max_labels", "lsh.num_hashes", "lsh.num_tables",
-                 "lsh.rebuild_period", "eval.subset", "eval.batch_size"):
+                 "lsh.update_every", "eval.subset", "eval.batch_size"):
         group, field = name.split(".")
         if config[group][field] <= 0:
             raise ConfigError(f"{name}={config[group][field]} must be positive")
+    if config.lsh.rebuild_period < 0:
+        raise ConfigError(f"lsh.rebuild_period={config.lsh.rebuild_period} must not be negative (0: only redraws)")
     if config.eval.final_points < 0:
         raise ConfigError(f"eval.final_points={config.eval.final_points} must not be negative")
     if parallel.is_sharded(config) and m.method != "dense":
         if m.candidate_mode != "shared":
             raise ConfigError(f"model.candidate_mode={m.candidate_mode!r}: a parallel.model x parallel.data mesh runs "
                               "batch-shared candidates only")
+        if config.lsh.maintenance != "rebuild":
+            raise ConfigError(f"lsh.maintenance={config.lsh.maintenance!r}: a parallel.model x parallel.data mesh "
+                              "rebuilds its tables (lsh.maintenance='rebuild')")
         if m.num_candidates % config.parallel.model:
             raise ConfigError(f"model.num_candidates={m.num_candidates} is not a multiple of "
                               f"parallel.model={config.parallel.model}")
@@ -118,8 +125,14 @@ def run(config: ml_collections.ConfigDict, rec: Run):
                   f"{jax.default_backend()} devices in {jax.process_count()} process(es)")
     spec = lsh_spec(config)
     init_key, step_key, table_key = jax.random.split(jax.random.key(config.seed), 3)
+    incremental = m.method == "lsh" and config.lsh.maintenance == "incremental"
+    layout = {}
+    if incremental:  # buckets of model.bucket_capacity ids, room for the rows changed between two refiles
+        per_step = sparse.changed_rows_per_step(m.candidate_mode, m.num_candidates, config.train.batch_size,
+                                                data.num_labels)
+        layout = dict(table_capacity=m.bucket_capacity, pending_rows=config.lsh.update_every * per_step)
     state = ops.init_state(init_key, data.num_features, data.num_labels, m.hidden, method=m.method,
-                             param_dtype=numerics.jnp_dtype(config.numerics.param_dtype), lsh_spec=spec)
+                             param_dtype=numerics.jnp_dtype(config.numerics.param_dtype), lsh_spec=spec, **layout)
     step_fn = ops.make_train_step(m.method, learning_rate=config.train.learning_rate,
                                     num_candidates=m.num_candidates, candidate_mode=m.candidate_mode,
                                     bucket_capacity=m.bucket_capacity, min_count=m.min_count, sampler=m.sampler,
@@ -129,20 +142,29 @@ def run(config: ml_collections.ConfigDict, rec: Run):
     def train_step(state, batch):
         return step_fn(state, batch, jax.random.fold_in(step_key, state.step))
 
-    schedule = lsh.RebuildSchedule(config.lsh.rebuild_period, config.lsh.rebuild_decay,
+    schedule = lsh.RebuildSchedule(config.lsh.rebuild_period or None, config.lsh.rebuild_decay,
                                    config.lsh.redraw_period or None, config.lsh.redraw_decay)
     timing = {"rebuild_seconds": 0.0, "rebuilds": 0, "eval_seconds": 0.0}
+    if incremental:
+        timing.update(refile_seconds=0.0, refiles=0)
 
     def after_step(step, state):
-        if m.method != "lsh" or not schedule.due(step):
+        if m.method != "lsh":
             return state
-        jax.block_until_ready(state)  # steps still in flight are training time, not rebuild time
+        due = schedule.due(step)
+        if not (due or (incremental and step % config.lsh.update_every == 0)):
+            return state
+        jax.block_until_ready(state)  # steps still in flight are training time, not table upkeep
         t = time.time()
         key = jax.random.fold_in(table_key, step)
-        state = ops.redraw(state, key) if schedule.redraw_due(step) else ops.rebuild(state, key)
+        if not due:
+            state = ops.refile(state, key)
+        else:
+            state = ops.redraw(state, key) if schedule.redraw_due(step) else ops.rebuild(state, key)
         jax.block_until_ready(state.tables)
-        timing["rebuild_seconds"] += time.time() - t
-        timing["rebuilds"] += 1
+        what = "rebuild" if due else "refile"
+        timing[f"{what}_seconds"] += time.time() - t
+        timing[f"{what}s"] += 1
         return state
 
     def eval_subset(state):
