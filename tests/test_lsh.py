@@ -270,6 +270,59 @@ def test_bad_inputs_raise_one_line_errors():
                    jnp.zeros((1, 2), jnp.int32), 0)
 
 
+# ------------------------------------------------------------------------------------------------ multi-probe
+
+
+def test_multi_probe_returns_a_superset_of_the_plain_query(built):
+    fn, weights, tables = built
+    x = np.random.default_rng(45).standard_normal((9, DIM)).astype(np.float32)
+    plain = np.asarray(lsh.query(fn, tables, x, 8))
+    probed = np.asarray(lsh.query(fn, tables, x, 8, probe_bits=2))  # [9, L, 4 * 8]
+    assert probed.shape == (9, fn.num_tables, 32)
+    np.testing.assert_array_equal(probed[:, :, :8], plain)  # x's own bucket first
+    codes = np.asarray(lsh.probe_codes(fn, x, 2))
+    assert np.mean(codes[:, :, 1:] != codes[:, :, :1]) > 0.9  # other buckets (DWTA: unless a bin was tied)
+    assert np.sum(probed < N) > 2 * np.sum(plain < N)
+
+
+def test_simhash_probes_flip_the_bits_nearest_their_hyperplanes():
+    fn = lsh.init_hash("simhash", jax.random.key(46), DIM, 6, 3)
+    x = np.random.default_rng(47).standard_normal((7, DIM)).astype(np.float32)
+    planes = np.asarray(fn.planes, np.float64)  # [dim, L, K]
+    distance = np.abs(np.einsum("nd,dlk->nlk", x, planes)) / np.linalg.norm(planes, axis=0)
+    least = np.argsort(distance, axis=2)[..., :2]  # the two least certain bits of each table
+    home = np.asarray(lsh.codes(fn, x))
+    flip = 1 << least
+    expected = np.stack([home, home ^ flip[..., 0], home ^ flip[..., 1], home ^ flip[..., 0] ^ flip[..., 1]], -1)
+    np.testing.assert_array_equal(lsh.probe_codes(fn, x, 2), expected)
+
+
+def test_dwta_probe_is_the_bucket_where_the_runner_up_wins():
+    fn = lsh.init_hash("dwta", jax.random.key(48), DIM, 3, 4, bin_size=4)
+    rng = np.random.default_rng(49)
+    x = sparse_signed_rows(rng, 6, DIM, 0.0)  # no zeros: no densification
+    probes = np.asarray(lsh.probe_codes(fn, x, 1))  # [n, L, 2]: home, then the closest runner-up winning
+    bins = np.asarray(fn.bins)
+    for i, table in np.ndindex(6, 4):
+        values = x[i, bins[table]]  # [K, bin]
+        top2 = np.sort(values, axis=1)[:, -2:]
+        k = np.argmin(top2[:, 1] - top2[:, 0])  # the hash the runner-up came closest in
+        y = x[i].copy()
+        y[bins[table, k, np.argsort(values[k])[-2]]] = top2[k, 1] + 0.5  # the runner-up now wins
+        assert np.asarray(lsh.codes(fn, y[None]))[0, table] == probes[i, table, 1]
+
+
+def test_mips_rows_order_rows_by_their_logits():
+    rng = np.random.default_rng(50)
+    w, b = rng.standard_normal((200, DIM)).astype(np.float32), rng.standard_normal(200).astype(np.float32)
+    h = rng.standard_normal((3, DIM)).astype(np.float32)
+    rows, queries = np.asarray(lsh.mips_rows(w, b), np.float64), np.asarray(lsh.mips_queries(h), np.float64)
+    norms = np.linalg.norm(rows, axis=1)
+    np.testing.assert_allclose(norms, norms.max(), rtol=1e-5)  # all of one norm: angle orders by inner product
+    cosine = queries @ rows.T / np.linalg.norm(queries, axis=1, keepdims=True) / norms
+    np.testing.assert_array_equal(np.argsort(-cosine, axis=1), np.argsort(-(h @ w.T + b), axis=1))
+
+
 # ------------------------------------------------------------------------------------------ incremental upkeep
 
 

@@ -337,6 +337,45 @@ def test_every_method_learns_a_tiny_problem(name):
         assert ids.shape == (256, 5) and np.all((ids >= -1) & (ids < N))
 
 
+@pytest.mark.parametrize("name", ["lsh", "lsh_per_example"])
+def test_incremental_tables_follow_the_rows_each_step_changed(name, batch):
+    # Tables of buckets large enough never to overflow: after refile they hold what a full build would.
+    per_step = sparse.changed_rows_per_step("per_example" if name == "lsh_per_example" else "shared",
+                                            64 if name == "lsh_per_example" else M, B, N)
+    state = sparse.init_state(jax.random.PRNGKey(12), NF, N, H, method="lsh", lsh_spec=TINY_LSH,
+                              table_capacity=N, pending_rows=2 * per_step)
+    w0 = np.asarray(state.params["output"]["weight"])
+    for i in range(2):
+        state, _ = STEPS[name](state, random_batch(np.random.default_rng(13 + i)), jax.random.PRNGKey(14 + i))
+    assert int(state.tables.num_pending) == 2 * per_step
+    changed = np.flatnonzero(np.any(np.asarray(state.params["output"]["weight"]) != w0, axis=1))
+    assert len(changed) > 0 and np.all(np.isin(changed, np.asarray(state.tables.pending)))  # every one noted
+    state = sparse.refile(state, jax.random.PRNGKey(16))
+    full = sparse.rebuild(jax.tree.map(jnp.copy, state), jax.random.PRNGKey(17)).tables
+    for table in range(TINY_LSH.num_tables):
+        for bucket in range(16):
+            got, want = (np.asarray(t.slots)[table, bucket] for t in (state.tables, full))
+            np.testing.assert_array_equal(np.sort(got[got < N]), np.sort(want[want < N]))
+    assert int(state.tables.num_pending) == 0 and isinstance(full, sparse.lsh.BucketTables)
+
+
+def test_lsh_scored_top_k_equals_dense_top_k_when_every_label_is_retrieved(params, batch):
+    # One-bit SimHash tables probed in both buckets, every bucket read whole: every label is scored.
+    dense = np.asarray(sparse.topk(params, batch, 5))
+    spec = sparse.LshSpec(kind="simhash", num_hashes=1, num_tables=2)
+    w, b = params["output"]["weight"], params["output"]["bias"]
+    for inner_product in (False, True):
+        if inner_product:
+            hash_fn, tables = sparse.inference_tables(w, b, spec, jax.random.PRNGKey(18))
+        else:
+            hash_fn = spec.init(jax.random.PRNGKey(18), H)
+            tables = sparse.lsh.build_tables(hash_fn, w, jax.random.PRNGKey(19))
+        ids, scored = sparse.topk_lsh_counted(params, hash_fn, tables, batch, 5, bucket_capacity=N, probe_bits=1,
+                                              inner_product=inner_product)
+        np.testing.assert_array_equal(ids, dense)
+        np.testing.assert_array_equal(scored, N)
+
+
 def test_blocked_top_k_equals_top_k():
     from hwrepro.sparse import blocked_top_k
 

@@ -9,7 +9,7 @@ at the end (dense scoring, plus LSH scoring for the lsh method).
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import ml_collections
@@ -27,6 +27,7 @@ from hwrepro.sparse.hashes import FAMILIES
 
 KS = (1, 3, 5)
 MAINTENANCE = ("rebuild", "incremental")  # lsh.maintenance: how the tables follow W between rebuilds
+EVAL_TABLES = ("inference", "training")  # eval.lsh.tables: which tables LSH-scored prediction queries
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
@@ -36,19 +37,26 @@ def validate(config: ml_collections.ConfigDict) -> None:
         raise ConfigError(f"data.source={d.source!r} is not one of 'auto' (the files under data.dir, or the "
                           "synthetic stand-in when data.dir is empty), 'synthetic'")
     FAMILIES.get(config.lsh.kind, "lsh.kind")
+    FAMILIES.get(config.eval.lsh.kind, "eval.lsh.kind")
     checks = [("model.method", m.method, sparse.METHODS),
               ("model.candidate_mode", m.candidate_mode, sparse.CANDIDATE_MODES),
               ("model.sampler", m.sampler, sparse.SAMPLERS),
-              ("lsh.maintenance", config.lsh.maintenance, MAINTENANCE)]
+              ("lsh.maintenance", config.lsh.maintenance, MAINTENANCE),
+              ("eval.lsh.tables", config.eval.lsh.tables, EVAL_TABLES)]
     for name, value, allowed in checks:
         if value not in allowed:
             raise ConfigError(f"{name}={value!r} is not one of {', '.join(map(repr, allowed))}")
     for name in ("model.hidden", "model.num_candidates", "model.bucket_capacity", "model.min_count",
                  "data.max_features", "data.max_labels", "lsh.num_hashes", "lsh.num_tables",
-                 "lsh.update_every", "eval.subset", "eval.batch_size"):
-        group, field = name.split(".")
-        if config[group][field] <= 0:
-            raise ConfigError(f"{name}={config[group][field]} must be positive")
+                 "lsh.update_every", "eval.subset", "eval.batch_size", "eval.lsh.num_hashes", "eval.lsh.num_tables",
+                 "eval.lsh.bucket_capacity"):
+        value = config
+        for field in name.split("."):
+            value = value[field]
+        if value <= 0:
+            raise ConfigError(f"{name}={value} must be positive")
+    if config.eval.lsh.probe_bits < 0:
+        raise ConfigError(f"eval.lsh.probe_bits={config.eval.lsh.probe_bits} must not be negative")
     if config.lsh.rebuild_period < 0:
         raise ConfigError(f"lsh.rebuild_period={config.lsh.rebuild_period} must not be negative (0: only redraws)")
     if config.eval.final_points < 0:
@@ -57,6 +65,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
         if m.candidate_mode != "shared":
             raise ConfigError(f"model.candidate_mode={m.candidate_mode!r}: a parallel.model x parallel.data mesh runs "
                               "batch-shared candidates only")
+        if config.eval.lsh.tables == "training" and config.eval.lsh.probe_bits:
+            raise ConfigError(f"eval.lsh.probe_bits={config.eval.lsh.probe_bits}: a mesh's training tables answer "
+                              "single-probe queries only (eval.lsh.tables='inference' probes)")
         if config.lsh.maintenance != "rebuild":
             raise ConfigError(f"lsh.maintenance={config.lsh.maintenance!r}: a parallel.model x parallel.data mesh "
                               "rebuilds its tables (lsh.maintenance='rebuild')")
@@ -67,10 +78,11 @@ def validate(config: ml_collections.ConfigDict) -> None:
         raise ConfigError(f"model.num_candidates={m.num_candidates} is below the {2 * d.window} context words")
 
 
-def lsh_spec(config: ml_collections.ConfigDict) -> sparse.LshSpec:
-    """The output layer's hash family as the config's `lsh` fields give it."""
-    c = config.lsh
-    options = c.get(c.kind)  # the family's own options, e.g. lsh.dwta.bin_size
+def lsh_spec(config: ml_collections.ConfigDict, group: str = "lsh") -> sparse.LshSpec:
+    """The output layer's hash family as the config's `lsh` fields give it (group "eval.lsh": the inference
+    tables'); the family's own options are in lsh.<kind> for both."""
+    c = config.eval.lsh if group == "eval.lsh" else config.lsh
+    options = config.lsh.get(c.kind)  # the family's own options, e.g. lsh.dwta.bin_size
     options = tuple(sorted(options.to_dict().items())) if options is not None else ()
     return sparse.LshSpec(kind=c.kind, num_hashes=c.num_hashes, num_tables=c.num_tables, options=options)
 
@@ -78,28 +90,52 @@ def lsh_spec(config: ml_collections.ConfigDict) -> sparse.LshSpec:
 # ------------------------------------------------------------------------------------------------ evaluation
 
 
-def evaluate(state: sparse.SlideState, eval_set, batch_size: int, use_lsh: bool, bucket_capacity: int,
-             dtype: Any, num_labels: int, progress: Progress | None = None, ops: Any = sparse) -> dict[str, float]:
-    """P@1, P@3, P@5 over every point of `eval_set` (padding rows, mask False, are left out).
+def evaluate(predict: Callable, eval_set, batch_size: int, num_labels: int,
+             progress: Progress | None = None) -> dict[str, float]:
+    """P@1, P@3, P@5 over every labelled point of `eval_set` (padding rows, mask False, are left out).
 
-    `progress` (counting batches) is for the final evaluation, minutes long at Amazon-670K scale. `ops`:
-    hwrepro.sparse, or its mesh version (hwrepro.sparse.sharded.on_mesh)."""
+    predict(batch) -> (top-k ids int32 [B, k >= 5], labels scored per point int32 [B] or None); with the
+    counts, also "share_scored": the mean share of all labels scored per point. `progress` (counting
+    batches) is for the final evaluation, minutes long at Amazon-670K scale."""
     hits = {k: 0.0 for k in KS}
-    count = 0
+    count, scored = 0, 0.0
     for i, batch in enumerate(eval_set.ordered(batch_size), 1):
         del batch["mask"]  # padding rows have no labels: precision_at_k leaves them out
-        if use_lsh:
-            ids = ops.topk_lsh(state.params, state.hash_fn, state.tables, batch, max(KS),
-                                 bucket_capacity=bucket_capacity, dtype=dtype)
-        else:
-            ids = ops.topk(state.params, batch, max(KS), dtype=dtype)
-        labelled = int(np.any(batch["labels"] < num_labels, axis=1).sum())
+        ids, counts = predict(batch)
+        labelled = np.any(batch["labels"] < num_labels, axis=1)
         for name, p in sparse.precision_at_k(ids, batch["labels"], KS, num_labels).items():
-            hits[int(name[2:])] += float(p) * labelled
-        count += labelled
+            hits[int(name[2:])] += float(p) * int(labelled.sum())
+        count += int(labelled.sum())
+        if counts is not None:
+            scored += float(np.sum(np.asarray(counts)[labelled]))
         if progress is not None:
             progress.update(i, force=i == progress.total)
-    return {f"P@{k}": hits[k] / max(count, 1) for k in KS}
+    out = {f"P@{k}": hits[k] / max(count, 1) for k in KS}
+    return out if scored == 0 else dict(out, share_scored=scored / max(count, 1) / num_labels)
+
+
+def predictor(config: ml_collections.ConfigDict, state: sparse.SlideState, use_lsh: bool, dtype: Any,
+              ops: Any = sparse) -> Callable:
+    """`evaluate`'s predict: dense scoring of every label, or LSH-scored as config.eval.lsh says (for
+    "inference" tables, built here from the trained weights, once). `ops`: hwrepro.sparse, or its mesh
+    version (hwrepro.sparse.sharded.on_mesh)."""
+    k, e = max(KS), config.eval.lsh
+    if not use_lsh:
+        return lambda batch: (ops.topk(state.params, batch, k, dtype=dtype), None)
+    if e.tables == "training" and ops is not sparse:  # a mesh: each shard queries its own tables
+        return lambda batch: (ops.topk_lsh(state.params, state.hash_fn, state.tables, batch, k,
+                                           bucket_capacity=e.bucket_capacity, dtype=dtype), None)
+    params, hash_fn, tables = state.params, state.hash_fn, state.tables
+    if e.tables == "inference":
+        params = ops.model_params(params)
+        if ops is not sparse:  # the mesh's shards gathered onto one device
+            params = jax.tree_util.tree_map(jax.numpy.asarray, jax.device_get(params))
+        out = params["output"]
+        hash_fn, tables = sparse.inference_tables(out["weight"], out["bias"], lsh_spec(config, "eval.lsh"),
+                                                  jax.random.key(config.seed))
+    options = dict(bucket_capacity=e.bucket_capacity, dtype=dtype, probe_bits=e.probe_bits,
+                   inner_product=e.tables == "inference")
+    return lambda batch: sparse.topk_lsh_counted(params, hash_fn, tables, batch, k, **options)
 
 
 # ------------------------------------------------------------------------------------------------------ run
@@ -169,8 +205,8 @@ def run(config: ml_collections.ConfigDict, rec: Run):
 
     def eval_subset(state):
         t = time.time()
-        out = evaluate(state, data.subset, config.eval.batch_size, False, m.bucket_capacity, compute_dtype,
-                       data.num_labels, ops=ops)
+        out = evaluate(predictor(config, state, False, compute_dtype, ops), data.subset, config.eval.batch_size,
+                       data.num_labels)
         timing["eval_seconds"] += time.time() - t
         return out
 
@@ -190,9 +226,11 @@ def run(config: ml_collections.ConfigDict, rec: Run):
     for prefix, use_lsh in [("test_", False)] + ([("test_lsh_", True)] if m.method == "lsh" else []):
         scoring = "LSH-scored" if use_lsh else f"all {data.num_labels:,} labels scored"
         progress = Progress(num_batches, f"{config.name} final eval, {scoring}", unit="batch", units="batches")
+        t_scoring = time.time()  # an LSH-scored evaluation's time includes building its inference tables
         final.update({prefix + k: v for k, v in evaluate(
-            state, data.test, config.eval.batch_size, use_lsh, m.bucket_capacity, compute_dtype,
-            data.num_labels, progress, ops).items()})
+            predictor(config, state, use_lsh, compute_dtype, ops), data.test, config.eval.batch_size,
+            data.num_labels, progress).items()})
+        final[prefix + "seconds"] = time.time() - t_scoring
     final["final_eval_seconds"] = time.time() - t
     where = f" on {config.eval.final_points} test points" if config.eval.final_points else " on the whole test split"
     rec.print(f"{m.method}: {final['seconds_per_epoch']:.1f} s/epoch (rebuilds {timing['rebuild_seconds']:.1f} s), "

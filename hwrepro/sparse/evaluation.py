@@ -1,5 +1,12 @@
 """Evaluation of a SLIDE network: top-k labels by dense scoring (chunked, exact) or among LSH-retrieved
-neurons, and precision@k."""
+neurons (scored exactly), and precision@k.
+
+LSH-scored prediction can use the training tables as they are (hashes of w: they find rows pointing like the
+activation, whatever their norm and bias) or `inference_tables`, built once after training over (w, b) for
+inner products (lsh.mips_rows), with multi-probe queries (lsh.probe_codes) reading a few neighbouring
+buckets per table. Precision, share of labels scored and time of each: docs/benchmarks.md, "LSH-scored
+prediction".
+"""
 
 from __future__ import annotations
 
@@ -78,6 +85,15 @@ def scored_topk(weight: jax.Array, bias: jax.Array, h: jax.Array, k: int, chunk:
     return best
 
 
+def inference_tables(weight: jax.Array, bias: jax.Array, spec: Any, key: jax.Array) -> tuple[Any, lsh.Tables]:
+    """(hash_fn, tables) for LSH-scored prediction, built once from the trained output layer: hash functions
+    of `spec` (a training.LshSpec: family, K, L, options) over lsh.mips_rows(weight, bias), so that a query's
+    nearest rows are its largest logits. Query them with inner_product=True."""
+    rows = lsh.mips_rows(weight, bias)
+    hash_fn = spec.init(jax.random.fold_in(key, 0), rows.shape[1])
+    return hash_fn, lsh.build_tables(hash_fn, rows, jax.random.fold_in(key, 1))
+
+
 def lsh_logits(
     weight: jax.Array,
     bias: jax.Array,
@@ -86,36 +102,54 @@ def lsh_logits(
     tables: Any,
     bucket_capacity: int,
     dtype: Any = jnp.float32,
+    probe_bits: int = 0,
+    inner_product: bool = False,
 ) -> tuple[jax.Array, jax.Array]:
-    """Scores only the neurons retrieved from the LSH tables for each example (fast inference).
+    """Scores only the neurons retrieved from the LSH tables for each example (fast inference), exactly.
+
+    probe_bits: multi-probe, 2**probe_bits buckets per table (lsh.query). inner_product: the tables hash
+    lsh.mips_rows (`inference_tables`), so the query is lsh.mips_queries(h).
 
     Returns:
-      ids int32 [B, L * bucket_capacity] (each retrieved id once; repeats and padding are num_labels) and
-      float32 logits of the same shape, -inf where the id is num_labels.
+      ids int32 [B, L * 2**probe_bits * bucket_capacity] (each retrieved id once; repeats and padding are
+      num_labels) and float32 logits of the same shape, -inf where the id is num_labels.
     """
     num_labels = weight.shape[0]
-    ids = lsh.query(hash_fn, tables, h, bucket_capacity).reshape(h.shape[0], -1)
+    x = lsh.mips_queries(h) if inner_product else h
+    ids = lsh.query(hash_fn, tables, x, bucket_capacity, probe_bits).reshape(h.shape[0], -1)
     ids = jnp.sort(ids, axis=1)
     repeat = jnp.concatenate([jnp.zeros_like(ids[:, :1], bool), ids[:, 1:] == ids[:, :-1]], axis=1)
     ids = jnp.where(repeat, num_labels, ids)
     return ids, model.output_logits(weight, bias, h, ids, dtype)
 
 
-@functools.partial(jax.jit, static_argnames=("k", "bucket_capacity", "dtype"))
 def topk_lsh(
     params: Params, hash_fn: Any, tables: Any, batch: Batch, k: int, bucket_capacity: int = 16,
-    dtype: Any = jnp.float32,
+    dtype: Any = jnp.float32, probe_bits: int = 0, inner_product: bool = False,
 ) -> jax.Array:
-    """The k best labels per example among those its hidden activation retrieves from the LSH tables.
+    """The k best labels per example among those its hidden activation retrieves from the LSH tables, scored
+    exactly (probe_bits, inner_product: see lsh_logits).
 
     int32 [B, k], best first; -1 where fewer than k neurons were retrieved (never counts as a hit).
     """
+    return topk_lsh_counted(params, hash_fn, tables, batch, k, bucket_capacity, dtype, probe_bits,
+                            inner_product)[0]
+
+
+@functools.partial(jax.jit, static_argnames=("k", "bucket_capacity", "dtype", "probe_bits", "inner_product"))
+def topk_lsh_counted(
+    params: Params, hash_fn: Any, tables: Any, batch: Batch, k: int, bucket_capacity: int = 16,
+    dtype: Any = jnp.float32, probe_bits: int = 0, inner_product: bool = False,
+) -> tuple[jax.Array, jax.Array]:
+    """`topk_lsh` and, per example, how many distinct labels it scored (int32 [B])."""
     params = model_params(params)
     p_in, p_out = params["input"], params["output"]
     h = model.sparse_hidden(p_in["embedding"], p_in["bias"], batch["feat_ids"], batch["feat_vals"], dtype)
-    ids, z = lsh_logits(p_out["weight"], p_out["bias"], h, hash_fn, tables, bucket_capacity, dtype)
+    ids, z = lsh_logits(p_out["weight"], p_out["bias"], h, hash_fn, tables, bucket_capacity, dtype, probe_bits,
+                        inner_product)
     v, j = jax.lax.top_k(z, k)
-    return jnp.where(v > -jnp.inf, jnp.take_along_axis(ids, j, axis=1), -1)
+    scored = jnp.sum(ids < p_out["weight"].shape[0], axis=1, dtype=jnp.int32)
+    return jnp.where(v > -jnp.inf, jnp.take_along_axis(ids, j, axis=1), -1), scored
 
 
 def precision_at_k(

@@ -128,6 +128,29 @@ def table_codes(fn: HashFn, x: Array) -> Array:
     return fn.table_codes(x)
 
 
+# ------------------------------------------------------------------------------------- inner-product search
+
+
+def mips_rows(weight: Array, bias: Array) -> Array:
+    """Rows whose angle to `mips_queries(h)` orders them by their logit <w, h> + b: float32 [N, dim + 2].
+
+    Simple-LSH (Neyshabur & Srebro 2015): [w, b, sqrt(M^2 - |w|^2 - b^2)] with M the largest |(w, b)|, all
+    of norm M, so the cosine with the query [h, 1, 0] is (<w, h> + b) / (M |(h, 1)|): the largest logits are
+    the nearest neighbours, which SimHash (or DWTA) tables find. Hashing w alone finds rows pointing like h,
+    whatever their norm and bias. Rows with a small |(w, b)| point along the last axis, which no query has:
+    they gather in few buckets that queries rarely probe.
+    """
+    rows = jnp.concatenate([weight.astype(jnp.float32), bias.astype(jnp.float32)[:, None]], axis=1)
+    square = jnp.sum(rows * rows, axis=1)
+    return jnp.concatenate([rows, jnp.sqrt(jnp.maximum(jnp.max(square) - square, 0.0))[:, None]], axis=1)
+
+
+def mips_queries(x: Array) -> Array:
+    """The queries of `mips_rows` tables: x float [B, dim] -> [x, 1, 0] float32 [B, dim + 2]."""
+    ones = jnp.ones((x.shape[0], 1), jnp.float32)
+    return jnp.concatenate([x.astype(jnp.float32), ones, jnp.zeros_like(ones)], axis=1)
+
+
 # -------------------------------------------------------------------------------------------------------- tables
 
 
@@ -260,14 +283,43 @@ def _host_group_by_bucket(
     return ids, starts
 
 
-@functools.partial(jax.jit, static_argnames="bucket_capacity")
-def query(fn: HashFn, tables: Tables, x: Array, bucket_capacity: int) -> Array:
-    """Neurons in the buckets x falls in: x float [B, dim] -> int32 [B, L, bucket_capacity].
+@functools.partial(jax.jit, static_argnames=("bucket_capacity", "probe_bits"))
+def query(fn: HashFn, tables: Tables | BucketTables, x: Array, bucket_capacity: int, probe_bits: int = 0) -> Array:
+    """Neurons in the buckets x falls in: x float [B, dim] -> int32 [B, L, 2**probe_bits * bucket_capacity].
 
     Per table, the first `bucket_capacity` ids of x's bucket (a uniform sample of it, the in-bucket order
-    being random), padded with N (one past the last neuron id) when the bucket is smaller.
+    being random), padded with N (one past the last neuron id) when the bucket is smaller. probe_bits m > 0:
+    multi-probe, the same from 2**m buckets per table (`probe_codes`), x's own bucket first.
     """
-    return lookup(tables, codes(fn, x), bucket_capacity)
+    if not probe_bits:
+        return lookup(tables, codes(fn, x), bucket_capacity)
+    probed = probe_codes(fn, x, probe_bits)  # [B, L, P]
+    b, num_tables_, p = probed.shape
+    found = lookup(tables, probed.transpose(0, 2, 1).reshape(b * p, num_tables_), bucket_capacity)
+    return found.reshape(b, p, num_tables_, bucket_capacity).transpose(0, 2, 1, 3).reshape(b, num_tables_, -1)
+
+
+def probe_codes(fn: HashFn, x: Array, probe_bits: int) -> Array:
+    """Multi-probe bucket ids int32 [B, L, 2**probe_bits]: x's own bucket, then those where any subset of the
+    table's `probe_bits` least certain hashes took its next most likely value (Lv et al. 2007), in the order
+    of the subsets' binary numbers (each single hash before pairs of them).
+
+    Uses the family's `hash_changes` (SimHash: flip the bits of the hyperplanes x lies closest to; DWTA:
+    a bin's runner-up slot where it lost by the least). Hashes with an infinite margin are never changed.
+    """
+    check_positive(probe_bits=probe_bits)
+    if not hasattr(fn, "hash_changes"):
+        raise ValueError(f"hash family {type(fn).__name__} has no hash_changes: it cannot answer multi-probe "
+                         "queries")
+    home = table_codes(fn, x)  # [L, B]
+    deltas, margins = fn.hash_changes(x)  # [L, B, K]
+    if probe_bits > deltas.shape[2]:
+        raise ValueError(f"probe_bits={probe_bits} exceeds the {deltas.shape[2]} hashes per table")
+    neg_margin, least = lax.top_k(-margins, probe_bits)  # [L, B, m]: the least certain hashes
+    step = jnp.where(jnp.isfinite(neg_margin), jnp.take_along_axis(deltas, least, axis=2), 0)
+    subsets = (jnp.arange(2**probe_bits)[:, None] >> jnp.arange(probe_bits)) & 1  # [P, m]
+    probed = home[..., None] + jnp.sum(step[:, :, None, :] * subsets, axis=3, dtype=jnp.int32)
+    return probed.transpose(1, 0, 2)
 
 
 def lookup(tables: Tables | BucketTables, bucket_codes: Array, bucket_capacity: int) -> Array:
