@@ -117,8 +117,10 @@ def benchmark(quick: bool, state_path: Path | None, steps: int, points: int, pro
     batches = list(test.ordered(config.eval.batch_size))
     w, b = params["output"]["weight"], params["output"]["bias"]
     num_labels = w.shape[0]
+    e = config.eval.lsh
     print(f"{w.shape[0]:,} labels, hidden {w.shape[1]}, {points:,} test points in batches of "
-          f"{config.eval.batch_size}, {jax.devices()[0].device_kind}")
+          f"{config.eval.batch_size}, {jax.devices()[0].device_kind}; {e.bucket_capacity} ids per probed bucket, "
+          f"at most {e.max_scored} distinct labels scored per point (config eval.lsh)")
 
     def run(predict):
         """(P@1, P@5, mean share scored, seconds) over the points; the first batch compiles, untimed."""
@@ -162,7 +164,8 @@ def benchmark(quick: bool, state_path: Path | None, steps: int, points: int, pro
                 continue
             p1, p5, share, seconds = run(lambda batch: sparse.topk_lsh_counted(
                 params, fn, tables, {k_: v for k_, v in batch.items() if k_ != "mask"}, 5,
-                bucket_capacity=config.eval.lsh.bucket_capacity, probe_bits=m, inner_product=tables_of == "mips"))
+                bucket_capacity=e.bucket_capacity, probe_bits=m, inner_product=tables_of == "mips",
+                max_scored=e.max_scored))
             print(f"{name:<34}{m:>2}{p1:>8.4f}{p5:>8.4f}{p1 / dense[0]:>9.2f}{share:>9.2%}{seconds:>9.2f}"
                   f"{dense[3] / seconds:>9.1f}{seconds_to_build:>9.2f}", flush=True)
 

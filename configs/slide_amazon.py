@@ -89,10 +89,11 @@ def slide_config(dataset: str, method: str) -> ml_collections.ConfigDict:
     # rows; hwrepro.sparse.evaluation.inference_tables) with the family, K and L below (family options from
     # lsh.<kind>); "training": the training tables as they are (hashes of w alone: they missed most of the
     # dense top-1 labels). probe_bits m: multi-probe, 2^m buckets per table (the m least certain hashes
-    # changed); bucket_capacity: ids read per probed bucket. Retrieved labels are scored exactly. Precision,
-    # share scored and time of the choices: docs/benchmarks.md, "LSH-scored prediction".
-    c.eval.lsh = ml_collections.ConfigDict(dict(
-        tables="inference", kind="simhash", num_hashes=8, num_tables=50, probe_bits=2, bucket_capacity=16))
+    # changed); bucket_capacity: ids read per probed bucket; max_scored: at most this many distinct labels
+    # scored per point, the most often retrieved (exactly). Precision, share scored and time of the choices:
+    # docs/benchmarks.md, "LSH-scored prediction".
+    c.eval.lsh = ml_collections.ConfigDict(dict(tables="inference", kind="simhash", num_hashes=8, num_tables=50,
+                                                probe_bits=2, bucket_capacity=16, max_scored=512))
     return c
 
 

@@ -370,10 +370,25 @@ def test_lsh_scored_top_k_equals_dense_top_k_when_every_label_is_retrieved(param
         else:
             hash_fn = spec.init(jax.random.PRNGKey(18), H)
             tables = sparse.lsh.build_tables(hash_fn, w, jax.random.PRNGKey(19))
-        ids, scored = sparse.topk_lsh_counted(params, hash_fn, tables, batch, 5, bucket_capacity=N, probe_bits=1,
-                                              inner_product=inner_product)
-        np.testing.assert_array_equal(ids, dense)
-        np.testing.assert_array_equal(scored, N)
+        for max_scored in (None, N):  # N of the 2 * 2 * N slots: every distinct id
+            ids, scored = sparse.topk_lsh_counted(params, hash_fn, tables, batch, 5, bucket_capacity=N,
+                                                  probe_bits=1, inner_product=inner_product, max_scored=max_scored)
+            np.testing.assert_array_equal(ids, dense)
+            np.testing.assert_array_equal(scored, N)
+
+
+def test_lsh_scoring_budget_keeps_the_most_often_retrieved(params, batch):
+    # Two tables of one bucket each, read whole: every id retrieved twice, except those cut by the capacity.
+    w, b = params["output"]["weight"], params["output"]["bias"]
+    hash_fn = sparse.LshSpec(kind="simhash", num_hashes=1, num_tables=2).init(jax.random.PRNGKey(20), H)
+    hash_fn = hash_fn._replace(planes=jnp.zeros_like(hash_fn.planes))  # every vector in bucket 0
+    tables = sparse.lsh.build_tables(hash_fn, w, jax.random.PRNGKey(21))
+    h = jnp.ones((2, H))
+    ids, logits = sparse.lsh_logits(w, b, h, hash_fn, tables, 200, max_scored=120)
+    twice = np.intersect1d(*np.asarray(sparse.lsh.query(hash_fn, tables, h[:1], 200))[0])  # in both tables
+    assert ids.shape == (2, 120) and len(twice) > 120 - 1
+    assert set(np.asarray(ids)[0].tolist()) <= set(twice.tolist()) and len(set(np.asarray(ids)[0].tolist())) == 120
+    assert np.all(np.isfinite(np.asarray(logits)))
 
 
 def test_blocked_top_k_equals_top_k():

@@ -49,7 +49,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     for name in ("model.hidden", "model.num_candidates", "model.bucket_capacity", "model.min_count",
                  "data.max_features", "data.max_labels", "lsh.num_hashes", "lsh.num_tables",
                  "lsh.update_every", "eval.subset", "eval.batch_size", "eval.lsh.num_hashes", "eval.lsh.num_tables",
-                 "eval.lsh.bucket_capacity"):
+                 "eval.lsh.bucket_capacity", "eval.lsh.max_scored"):
         value = config
         for field in name.split("."):
             value = value[field]
@@ -134,7 +134,7 @@ def predictor(config: ml_collections.ConfigDict, state: sparse.SlideState, use_l
         hash_fn, tables = sparse.inference_tables(out["weight"], out["bias"], lsh_spec(config, "eval.lsh"),
                                                   jax.random.key(config.seed))
     options = dict(bucket_capacity=e.bucket_capacity, dtype=dtype, probe_bits=e.probe_bits,
-                   inner_product=e.tables == "inference")
+                   inner_product=e.tables == "inference", max_scored=e.max_scored)
     return lambda batch: sparse.topk_lsh_counted(params, hash_fn, tables, batch, k, **options)
 
 

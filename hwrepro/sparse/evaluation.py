@@ -104,49 +104,65 @@ def lsh_logits(
     dtype: Any = jnp.float32,
     probe_bits: int = 0,
     inner_product: bool = False,
+    max_scored: int | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Scores only the neurons retrieved from the LSH tables for each example (fast inference), exactly.
 
     probe_bits: multi-probe, 2**probe_bits buckets per table (lsh.query). inner_product: the tables hash
-    lsh.mips_rows (`inference_tables`), so the query is lsh.mips_queries(h).
+    lsh.mips_rows (`inference_tables`), so the query is lsh.mips_queries(h). max_scored: score at most this
+    many distinct ids per example, those retrieved from the most buckets (SLIDE's frequency ranking; ties to
+    the lower id). Retrieved ids repeat across tables and probes, so the distinct ones are few: scoring
+    them alone, not every retrieved slot, is what makes the scoring fast (docs/benchmarks.md).
 
     Returns:
-      ids int32 [B, L * 2**probe_bits * bucket_capacity] (each retrieved id once; repeats and padding are
-      num_labels) and float32 logits of the same shape, -inf where the id is num_labels.
+      ids int32 [B, R] (each retrieved id once; repeats and padding are num_labels), R = max_scored or
+      L * 2**probe_bits * bucket_capacity, and float32 logits of the same shape, -inf where the id is num_labels.
     """
     num_labels = weight.shape[0]
     x = lsh.mips_queries(h) if inner_product else h
     ids = lsh.query(hash_fn, tables, x, bucket_capacity, probe_bits).reshape(h.shape[0], -1)
     ids = jnp.sort(ids, axis=1)
-    repeat = jnp.concatenate([jnp.zeros_like(ids[:, :1], bool), ids[:, 1:] == ids[:, :-1]], axis=1)
-    ids = jnp.where(repeat, num_labels, ids)
+    first = jnp.concatenate([jnp.ones_like(ids[:, :1], bool), ids[:, 1:] != ids[:, :-1]], axis=1)
+    if max_scored is not None and max_scored < ids.shape[1]:
+        slots = ids.shape[1]
+        position = jax.lax.broadcasted_iota(jnp.int32, ids.shape, 1)
+        # A run of equal ids ends where the next one starts: its length is how often the id was retrieved.
+        start = jax.lax.cummin(jnp.where(first, position, slots), axis=1, reverse=True)
+        count = jnp.concatenate([start[:, 1:], jnp.full_like(start[:, :1], slots)], axis=1) - position
+        keep = first & (ids < num_labels)
+        _, ids = jax.lax.sort((jnp.where(keep, -count, 1), jnp.where(keep, ids, num_labels)), dimension=1,
+                              num_keys=2)
+        ids = ids[:, :max_scored]
+        first = jnp.ones_like(ids, bool)  # distinct now; the padding id is masked below
+    ids = jnp.where(first, ids, num_labels)
     return ids, model.output_logits(weight, bias, h, ids, dtype)
 
 
 def topk_lsh(
     params: Params, hash_fn: Any, tables: Any, batch: Batch, k: int, bucket_capacity: int = 16,
-    dtype: Any = jnp.float32, probe_bits: int = 0, inner_product: bool = False,
+    dtype: Any = jnp.float32, probe_bits: int = 0, inner_product: bool = False, max_scored: int | None = None,
 ) -> jax.Array:
     """The k best labels per example among those its hidden activation retrieves from the LSH tables, scored
-    exactly (probe_bits, inner_product: see lsh_logits).
+    exactly (probe_bits, inner_product, max_scored: see lsh_logits).
 
     int32 [B, k], best first; -1 where fewer than k neurons were retrieved (never counts as a hit).
     """
     return topk_lsh_counted(params, hash_fn, tables, batch, k, bucket_capacity, dtype, probe_bits,
-                            inner_product)[0]
+                            inner_product, max_scored)[0]
 
 
-@functools.partial(jax.jit, static_argnames=("k", "bucket_capacity", "dtype", "probe_bits", "inner_product"))
+@functools.partial(jax.jit, static_argnames=("k", "bucket_capacity", "dtype", "probe_bits", "inner_product",
+                                             "max_scored"))
 def topk_lsh_counted(
     params: Params, hash_fn: Any, tables: Any, batch: Batch, k: int, bucket_capacity: int = 16,
-    dtype: Any = jnp.float32, probe_bits: int = 0, inner_product: bool = False,
+    dtype: Any = jnp.float32, probe_bits: int = 0, inner_product: bool = False, max_scored: int | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """`topk_lsh` and, per example, how many distinct labels it scored (int32 [B])."""
     params = model_params(params)
     p_in, p_out = params["input"], params["output"]
     h = model.sparse_hidden(p_in["embedding"], p_in["bias"], batch["feat_ids"], batch["feat_vals"], dtype)
     ids, z = lsh_logits(p_out["weight"], p_out["bias"], h, hash_fn, tables, bucket_capacity, dtype, probe_bits,
-                        inner_product)
+                        inner_product, max_scored)
     v, j = jax.lax.top_k(z, k)
     scored = jnp.sum(ids < p_out["weight"].shape[0], axis=1, dtype=jnp.int32)
     return jnp.where(v > -jnp.inf, jnp.take_along_axis(ids, j, axis=1), -1), scored
