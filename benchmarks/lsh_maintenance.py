@@ -2,7 +2,7 @@
 differ only in table upkeep (configs/slide_amazon.py, lsh.maintenance, lsh.update_every, lsh.rebuild_period).
 
     python benchmarks/lsh_maintenance.py --quick               # the tiny synthetic set, about a minute
-    python benchmarks/lsh_maintenance.py --steps 600 --points 4096   # Amazon-670K's shape, a short run
+    python benchmarks/lsh_maintenance.py                        # Amazon-670K's shape, 1,200 steps
 
 Each variant is the user's command, `python launch.py --config=configs/slide_amazon.py` with overrides, in its
 own process and workdir (under --workdir, default a temporary folder); the script prints, per variant, the
@@ -42,7 +42,7 @@ QUICK = ["--config.data.dataset=tiny", "--config.model.hidden=32", "--config.mod
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the tiny synthetic set")
-    parser.add_argument("--steps", type=int, default=600, help="training steps (full mode)")
+    parser.add_argument("--steps", type=int, default=1200, help="training steps (full mode)")
     parser.add_argument("--points", type=int, default=4096, help="test points of the final P@k (full mode)")
     parser.add_argument("--workdir", type=Path, help="where the runs go (default: a temporary folder)")
     args = parser.parse_args()

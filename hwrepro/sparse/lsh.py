@@ -408,8 +408,7 @@ def _move(t: BucketTables, rows: Array, new: Array, key: Array) -> BucketTables:
     arrive = valid & (moved | (old_slot < 0))
     k_order, k_admit, k_start = jax.random.split(key, 3)
     iota = lax.broadcasted_iota(jnp.int32, new.shape, 1)
-    by_bucket, _, order = lax.sort((jnp.where(arrive, new, buckets), jax.random.bits(k_order, new.shape, jnp.uint32),
-                                    iota), dimension=1, num_keys=2)
+    by_bucket, order = _sort_by_bucket(jnp.where(arrive, new, buckets), buckets, k_order)
     head = jnp.concatenate([jnp.ones((num_tables_, 1), bool), by_bucket[:, 1:] != by_bucket[:, :-1]], axis=1)
     rank_sorted = iota - lax.cummax(jnp.where(head, iota, 0), axis=1)
     rank = jnp.zeros_like(iota).at[table, order].set(rank_sorted, unique_indices=True)
@@ -432,6 +431,21 @@ def _move(t: BucketTables, rows: Array, new: Array, key: Array) -> BucketTables:
     slots = slots.at[table, jnp.where(slot >= 0, new, buckets), slot].set(rows, mode="drop")
     row_bucket = t.row_bucket.at[table, jnp.where(moved, r, n)].set(new, mode="drop")
     return t._replace(slots=slots, row_bucket=row_bucket, row_slot=row_slot, sizes=sizes)
+
+
+def _sort_by_bucket(bucket: Array, buckets: int, key: Array) -> tuple[Array, Array]:
+    """Per row of bucket int32 [L, U] (values <= buckets): the sorted values and the positions they came
+    from, in random order within equal values. One sort of packed uint64 keys (bucket | noise | position),
+    XLA:CPU's fast single-array path (a sort with a payload calls a comparator per comparison)."""
+    u = bucket.shape[1]
+    pos_bits = max(1, (u - 1).bit_length())
+    code_bits = max(1, buckets.bit_length())
+    noise = _keyed_mix(key, bucket.shape) >> (32 - min(32, 64 - pos_bits - code_bits))
+    with jax.enable_x64(True):
+        u64 = jnp.uint64
+        packed = jnp.sort((bucket.astype(u64) << u64(64 - code_bits)) | (noise.astype(u64) << u64(pos_bits))
+                          | lax.broadcasted_iota(u64, bucket.shape, 1), axis=1)
+        return (packed >> u64(64 - code_bits)).astype(jnp.int32), (packed & u64((1 << pos_bits) - 1)).astype(jnp.int32)
 
 
 def _nth(mask: Array, k: Array) -> Array:
