@@ -102,7 +102,6 @@ def benchmark(quick: bool, state_path: Path | None, steps: int, points: int, pro
 
     from hwrepro import data as hwdata
     from hwrepro import sparse
-    from hwrepro.experiments import slide
     from hwrepro.sparse import lsh
 
     config = config_for(quick, steps, points)
