@@ -27,6 +27,10 @@ row is moved in O(L * C) work instead of a rebuild's O(L * N log N):
 
 A fresh BucketTables holds exactly what a query of the sorted tables built with the same key reads (the first
 C ids of each bucket), so both layouts answer queries alike until rows move.
+
+For prediction: multi-probe queries read 2^m buckets per table (`query(..., probe_bits=m)`, `probe_codes`),
+and `mips_rows` / `mips_queries` turn "largest logit <w, h> + b" into "nearest row" for tables built over
+the trained layer (hwrepro.sparse.evaluation.inference_tables).
 """
 
 from __future__ import annotations
