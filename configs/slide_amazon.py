@@ -55,10 +55,18 @@ def slide_config(dataset: str, method: str) -> ml_collections.ConfigDict:
     # Each family's own options, in a group named after it (the one of lsh.kind is used):
     c.lsh.simhash = ml_collections.ConfigDict(dict(density=1.0))  # Gaussian planes; SLIDE's sparse "ratio 3" ~1/3
     c.lsh.dwta = ml_collections.ConfigDict(dict(bin_size=8))      # SLIDE's bin size (6 hashes x 3 bits = RangePow 18)
-    c.lsh.rebuild_period = 50         # SLIDE's Amazon config rehashes tables every 50 batches...
+    c.lsh.rebuild_period = 50         # SLIDE's Amazon config rehashes tables every 50 batches (0: only at redraws)...
     c.lsh.rebuild_decay = 0.01        # ...with the period growing as training settles (exp(decay * i))
     c.lsh.redraw_period = 1000        # ...and draws new hash functions every 1,000 batches
     c.lsh.redraw_decay = 0.0
+    # How the tables follow W between those full rebuilds: "rebuild" keeps every id, sorted by bucket, and
+    # changes nothing in between (stale rows stay where they were); "incremental" keeps buckets of
+    # model.bucket_capacity ids (SLIDE's fixed bucket size, reservoir replacement when full) and every
+    # lsh.update_every steps re-hashes only the rows the steps changed and moves them (hwrepro.sparse.lsh.refile).
+    # Rebuilds and redraws stay on the schedule above in both. Staleness against cost: docs/benchmarks.md,
+    # "Incremental tables".
+    c.lsh.maintenance = "rebuild"     # rebuild | incremental
+    c.lsh.update_every = 1            # incremental only: steps between two refiles
 
     c.train.batch_size = 128          # SLIDE's code; its paper used 256 for Amazon-670K
     # SLIDE: Adam, lr 1e-4, beta1 0.9, beta2 0.999, eps 1e-8, over 10 epochs. For the one-epoch comparison
@@ -75,6 +83,17 @@ def slide_config(dataset: str, method: str) -> ml_collections.ConfigDict:
     c.eval.subset = 2048              # fixed shuffled test subset during training (not SLIDE's first lines)
     c.eval.batch_size = 256
     c.eval.final_points = 0           # final P@k on: 0 = the whole test split, else a fixed shuffled subset
+    # LSH-scored prediction in the final evaluation (final.json: test_lsh_P@k; test_lsh_share_scored, the mean
+    # share of all labels scored per point; test_lsh_seconds against test_seconds, dense). "inference": tables
+    # built once after training over (w, b) for inner products (simple-LSH: the largest logits are the nearest
+    # rows; hwrepro.sparse.evaluation.inference_tables) with the family, K and L below (family options from
+    # lsh.<kind>); "training": the training tables as they are (hashes of w alone: they missed most of the
+    # dense top-1 labels). probe_bits m: multi-probe, 2^m buckets per table (the m least certain hashes
+    # changed); bucket_capacity: ids read per probed bucket; max_scored: at most this many distinct labels
+    # scored per point, the most often retrieved (exactly). Precision, share scored and time of the choices:
+    # docs/benchmarks.md, "LSH-scored prediction".
+    c.eval.lsh = ml_collections.ConfigDict(dict(tables="inference", kind="simhash", num_hashes=8, num_tables=50,
+                                                probe_bits=2, bucket_capacity=16, max_scored=512))
     return c
 
 

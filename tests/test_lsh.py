@@ -270,6 +270,174 @@ def test_bad_inputs_raise_one_line_errors():
                    jnp.zeros((1, 2), jnp.int32), 0)
 
 
+# ------------------------------------------------------------------------------------------------ multi-probe
+
+
+def test_multi_probe_returns_a_superset_of_the_plain_query(built):
+    fn, weights, tables = built
+    x = np.random.default_rng(45).standard_normal((9, DIM)).astype(np.float32)
+    plain = np.asarray(lsh.query(fn, tables, x, 8))
+    probed = np.asarray(lsh.query(fn, tables, x, 8, probe_bits=2))  # [9, L, 4 * 8]
+    assert probed.shape == (9, fn.num_tables, 32)
+    np.testing.assert_array_equal(probed[:, :, :8], plain)  # x's own bucket first
+    codes = np.asarray(lsh.probe_codes(fn, x, 2))
+    assert np.mean(codes[:, :, 1:] != codes[:, :, :1]) > 0.9  # other buckets (DWTA: unless a bin was tied)
+    assert np.sum(probed < N) > 2 * np.sum(plain < N)
+
+
+def test_simhash_probes_flip_the_bits_nearest_their_hyperplanes():
+    fn = lsh.init_hash("simhash", jax.random.key(46), DIM, 6, 3)
+    x = np.random.default_rng(47).standard_normal((7, DIM)).astype(np.float32)
+    planes = np.asarray(fn.planes, np.float64)  # [dim, L, K]
+    distance = np.abs(np.einsum("nd,dlk->nlk", x, planes)) / np.linalg.norm(planes, axis=0)
+    least = np.argsort(distance, axis=2)[..., :2]  # the two least certain bits of each table
+    home = np.asarray(lsh.codes(fn, x))
+    flip = 1 << least
+    expected = np.stack([home, home ^ flip[..., 0], home ^ flip[..., 1], home ^ flip[..., 0] ^ flip[..., 1]], -1)
+    np.testing.assert_array_equal(lsh.probe_codes(fn, x, 2), expected)
+
+
+def test_dwta_probe_is_the_bucket_where_the_runner_up_wins():
+    fn = lsh.init_hash("dwta", jax.random.key(48), DIM, 3, 4, bin_size=4)
+    rng = np.random.default_rng(49)
+    x = sparse_signed_rows(rng, 6, DIM, 0.0)  # no zeros: no densification
+    probes = np.asarray(lsh.probe_codes(fn, x, 1))  # [n, L, 2]: home, then the closest runner-up winning
+    bins = np.asarray(fn.bins)
+    for i, table in np.ndindex(6, 4):
+        values = x[i, bins[table]]  # [K, bin]
+        top2 = np.sort(values, axis=1)[:, -2:]
+        k = np.argmin(top2[:, 1] - top2[:, 0])  # the hash the runner-up came closest in
+        y = x[i].copy()
+        y[bins[table, k, np.argsort(values[k])[-2]]] = top2[k, 1] + 0.5  # the runner-up now wins
+        assert np.asarray(lsh.codes(fn, y[None]))[0, table] == probes[i, table, 1]
+
+
+def test_mips_rows_order_rows_by_their_logits():
+    rng = np.random.default_rng(50)
+    w, b = rng.standard_normal((200, DIM)).astype(np.float32), rng.standard_normal(200).astype(np.float32)
+    h = rng.standard_normal((3, DIM)).astype(np.float32)
+    rows, queries = np.asarray(lsh.mips_rows(w, b), np.float64), np.asarray(lsh.mips_queries(h), np.float64)
+    norms = np.linalg.norm(rows, axis=1)
+    np.testing.assert_allclose(norms, norms.max(), rtol=1e-5)  # all of one norm: angle orders by inner product
+    cosine = queries @ rows.T / np.linalg.norm(queries, axis=1, keepdims=True) / norms
+    np.testing.assert_array_equal(np.argsort(-cosine, axis=1), np.argsort(-(h @ w.T + b), axis=1))
+
+
+# ------------------------------------------------------------------------------------------ incremental upkeep
+
+
+def bucket_sets(tables: lsh.BucketTables) -> list[list[list[int]]]:
+    """Per table and bucket, the sorted ids filed there (the contents up to their order in the bucket)."""
+    return [[sorted(b[b < N].tolist()) for b in table] for table in np.asarray(tables.slots)]
+
+
+def changed_weights(weights: np.ndarray, seed: int, num_changed: int) -> tuple[np.ndarray, np.ndarray]:
+    """A copy of weights with `num_changed` random rows redrawn (most of them change buckets), and their ids."""
+    rng = np.random.default_rng(seed)
+    changed = rng.choice(N, num_changed, replace=False).astype(np.int32)
+    new = weights.copy()
+    new[changed] = rng.integers(-4, 5, (num_changed, DIM))
+    return new, changed
+
+
+def check_consistent(tables: lsh.BucketTables, weights: np.ndarray, fn) -> None:
+    """Every filed id sits where its row says, every row's bucket is its code, sizes count the codes."""
+    slots, row_bucket, row_slot = (np.asarray(a) for a in (tables.slots, tables.row_bucket, tables.row_slot))
+    codes = np.asarray(lsh.codes(fn, weights)).T  # [L, N]
+    np.testing.assert_array_equal(row_bucket, codes)
+    for table in range(codes.shape[0]):
+        np.testing.assert_array_equal(tables.sizes[table], np.bincount(codes[table], minlength=slots.shape[1]))
+        bucket, slot = np.nonzero(slots[table] < N)
+        filed = slots[table, bucket, slot]
+        assert len(np.unique(filed)) == len(filed)  # an id is filed at most once per table
+        np.testing.assert_array_equal(row_bucket[table, filed], bucket)
+        np.testing.assert_array_equal(row_slot[table, filed], slot)
+        assert np.sum(row_slot[table] >= 0) == len(filed)  # and nothing else claims a slot
+
+
+@pytest.mark.parametrize("kind", sorted(HASH_FNS))
+def test_fresh_bucket_tables_answer_queries_like_sorted_tables(kind):
+    fn, weights, key = HASH_FNS[kind], integer_weights(24), jax.random.key(25)
+    buckets = lsh.build_tables(fn, weights, key, capacity=6, pending_rows=8)
+    check_consistent(buckets, weights, fn)
+    x = np.random.default_rng(26).standard_normal((9, DIM)).astype(np.float32)
+    sorted_tables = lsh.build_tables(fn, weights, key)
+    np.testing.assert_array_equal(lsh.query(fn, buckets, x, 6), lsh.query(fn, sorted_tables, x, 6))
+    past = np.asarray(lsh.query(fn, buckets, x, 9))  # past the capacity: padding
+    assert past.shape == (9, fn.num_tables, 9) and np.all(past[..., 6:] == N)
+
+
+@pytest.mark.parametrize("kind", sorted(HASH_FNS))
+def test_refile_leaves_the_tables_a_full_build_of_the_new_weights_would_have(kind):
+    fn, weights, key = HASH_FNS[kind], integer_weights(27), jax.random.key(28)
+    capacity = N  # no bucket can overflow: then every row is filed, in both
+    tables = lsh.build_tables(fn, weights, key, capacity=capacity, pending_rows=400)
+    new, changed = changed_weights(weights, 29, 150)
+    # Noted over two "steps", with repeats and padding, as training steps note their candidate rows.
+    noted = np.concatenate([changed, changed[:40], np.full(7, N, np.int32)])
+    tables = lsh.note_changed(lsh.note_changed(tables, noted[:90]), noted[90:])
+    assert int(tables.num_pending) == len(noted)
+    moved = np.any(np.asarray(lsh.codes(fn, new)) != np.asarray(lsh.codes(fn, weights)), axis=1).sum()
+    assert moved > 100
+    refiled = lsh.refile(fn, tables, new, jax.random.key(30), block=64)  # several blocks
+    full = lsh.build_tables(fn, new, jax.random.key(31), capacity=capacity, pending_rows=400)
+    assert bucket_sets(refiled) == bucket_sets(full)
+    np.testing.assert_array_equal(refiled.sizes, full.sizes)
+    check_consistent(refiled, new, fn)
+    assert int(refiled.num_pending) == 0
+    # Rows not noted are not re-hashed: a refile with nothing pending changes nothing.
+    again = lsh.refile(fn, refiled, weights, jax.random.key(32))
+    assert bucket_sets(again) == bucket_sets(refiled)
+
+
+def test_refile_into_full_buckets_keeps_the_tables_consistent():
+    fn, weights = HASH_FNS["simhash"], integer_weights(33)
+    capacity = 4  # ~31 rows per bucket: nearly every bucket overflows
+    tables = lsh.build_tables(fn, weights, jax.random.key(34), capacity=capacity, pending_rows=300)
+    new, changed = changed_weights(weights, 35, 300)
+    refiled = lsh.refile(fn, lsh.note_changed(tables, changed), new, jax.random.key(36))
+    check_consistent(refiled, new, fn)
+    slots, row_bucket, row_slot = (np.asarray(a) for a in (refiled.slots, refiled.row_bucket, refiled.row_slot))
+    table = np.arange(slots.shape[0])[:, None]
+    free_after = np.sum(slots == N, axis=2)[table, row_bucket[:, changed]]  # [L, changed]
+    assert not np.any((row_slot[:, changed] < 0) & (free_after > 0))  # a row waits only when its bucket is full
+
+
+def test_refile_into_full_buckets_is_reservoir_sampling():
+    fn, weights = HASH_FNS["simhash"], integer_weights(41)
+    capacity = 4
+    tables = lsh.build_tables(fn, weights, jax.random.key(42), capacity=capacity, pending_rows=64)
+    # Rows filed in no table: moving them frees no slot, so every arrival meets a full bucket (or a small one).
+    unfiled = np.flatnonzero(np.all(np.asarray(tables.row_slot) < 0, axis=0))
+    rng = np.random.default_rng(43)
+    changed = rng.choice(unfiled, 40, replace=False).astype(np.int32)
+    new = weights.copy()
+    new[changed] = rng.integers(-4, 5, (40, DIM))
+    refiled = lsh.refile(fn, lsh.note_changed(tables, changed), new, jax.random.key(44))
+    check_consistent(refiled, new, fn)
+    bucket = np.asarray(refiled.row_bucket)[:, changed]
+    moved = bucket != np.asarray(tables.row_bucket)[:, changed]
+    # A moved row is filed with probability about C / (rows now hashed to its bucket), capped at 1.
+    p = np.minimum(1.0, capacity / np.asarray(refiled.sizes)[np.arange(bucket.shape[0])[:, None], bucket][moved])
+    filed = np.sum(np.asarray(refiled.row_slot)[:, changed][moved] >= 0)
+    assert 0 < filed < moved.sum()
+    assert abs(filed - p.sum()) < 4 * math.sqrt(np.sum(p * (1 - p))) + 3, (filed, p.sum())
+
+
+def test_refile_runs_under_jit_and_drops_ids_noted_past_the_buffer():
+    fn, weights = HASH_FNS["dwta"], integer_weights(37)
+    tables = lsh.build_tables(fn, weights, jax.random.key(38), capacity=100, pending_rows=50)
+    new, changed = changed_weights(weights, 39, 80)
+    step = jax.jit(lambda t, ids: lsh.note_changed(t, ids))
+    tables = step(step(tables, changed[:40]), changed[40:])  # the second note fills the buffer's last 10 slots
+    assert int(tables.num_pending) == 80
+    refiled = jax.jit(lsh.refile)(fn, tables, new, jax.random.key(40))
+    codes = np.asarray(lsh.codes(fn, new)).T
+    np.testing.assert_array_equal(np.asarray(refiled.row_bucket)[:, changed[:50]], codes[:, changed[:50]])
+    stale = np.asarray(refiled.row_bucket)[:, changed[50:]]
+    np.testing.assert_array_equal(stale, np.asarray(tables.row_bucket)[:, changed[50:]])
+
+
 # ---------------------------------------------------------------------------------------------------- schedule
 
 
@@ -290,6 +458,12 @@ def test_rebuild_schedule_redraws_on_its_own_period():
     assert schedule.due(120) and not schedule.due(0) and not schedule.due(49)
     assert schedule.redraw_due(jnp.int32(240))  # a train state's step counter works as is
     assert schedule.due(50 * 1_000_000)  # no iteration over the past: large steps are cheap
+
+
+def test_rebuild_schedule_without_rebuilds_keeps_its_redraws():
+    schedule = lsh.RebuildSchedule(rebuild_period=None, redraw_period=120)  # incremental tables in between
+    assert schedule.due_steps(400) == schedule.redraw_steps(400) == [120, 240, 360]
+    assert not schedule.due(50) and schedule.due(240)
 
 
 @pytest.mark.parametrize("fields", [dict(rebuild_period=0), dict(rebuild_period=10, rebuild_decay=-0.1),

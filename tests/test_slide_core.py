@@ -337,6 +337,60 @@ def test_every_method_learns_a_tiny_problem(name):
         assert ids.shape == (256, 5) and np.all((ids >= -1) & (ids < N))
 
 
+@pytest.mark.parametrize("name", ["lsh", "lsh_per_example"])
+def test_incremental_tables_follow_the_rows_each_step_changed(name, batch):
+    # Tables of buckets large enough never to overflow: after refile they hold what a full build would.
+    per_step = sparse.changed_rows_per_step("per_example" if name == "lsh_per_example" else "shared",
+                                            64 if name == "lsh_per_example" else M, B, N)
+    state = sparse.init_state(jax.random.PRNGKey(12), NF, N, H, method="lsh", lsh_spec=TINY_LSH,
+                              table_capacity=N, pending_rows=2 * per_step)
+    w0 = np.asarray(state.params["output"]["weight"])
+    for i in range(2):
+        state, _ = STEPS[name](state, random_batch(np.random.default_rng(13 + i)), jax.random.PRNGKey(14 + i))
+    assert int(state.tables.num_pending) == 2 * per_step
+    changed = np.flatnonzero(np.any(np.asarray(state.params["output"]["weight"]) != w0, axis=1))
+    assert len(changed) > 0 and np.all(np.isin(changed, np.asarray(state.tables.pending)))  # every one noted
+    state = sparse.refile(state, jax.random.PRNGKey(16))
+    full = sparse.rebuild(jax.tree.map(jnp.copy, state), jax.random.PRNGKey(17)).tables
+    for table in range(TINY_LSH.num_tables):
+        for bucket in range(16):
+            got, want = (np.asarray(t.slots)[table, bucket] for t in (state.tables, full))
+            np.testing.assert_array_equal(np.sort(got[got < N]), np.sort(want[want < N]))
+    assert int(state.tables.num_pending) == 0 and isinstance(full, sparse.lsh.BucketTables)
+
+
+def test_lsh_scored_top_k_equals_dense_top_k_when_every_label_is_retrieved(params, batch):
+    # One-bit SimHash tables probed in both buckets, every bucket read whole: every label is scored.
+    dense = np.asarray(sparse.topk(params, batch, 5))
+    spec = sparse.LshSpec(kind="simhash", num_hashes=1, num_tables=2)
+    w, b = params["output"]["weight"], params["output"]["bias"]
+    for inner_product in (False, True):
+        if inner_product:
+            hash_fn, tables = sparse.inference_tables(w, b, spec, jax.random.PRNGKey(18))
+        else:
+            hash_fn = spec.init(jax.random.PRNGKey(18), H)
+            tables = sparse.lsh.build_tables(hash_fn, w, jax.random.PRNGKey(19))
+        for max_scored in (None, N):  # N of the 2 * 2 * N slots: every distinct id
+            ids, scored = sparse.topk_lsh_counted(params, hash_fn, tables, batch, 5, bucket_capacity=N,
+                                                  probe_bits=1, inner_product=inner_product, max_scored=max_scored)
+            np.testing.assert_array_equal(ids, dense)
+            np.testing.assert_array_equal(scored, N)
+
+
+def test_lsh_scoring_budget_keeps_the_most_often_retrieved(params, batch):
+    # Two tables of one bucket each, read whole: every id retrieved twice, except those cut by the capacity.
+    w, b = params["output"]["weight"], params["output"]["bias"]
+    hash_fn = sparse.LshSpec(kind="simhash", num_hashes=1, num_tables=2).init(jax.random.PRNGKey(20), H)
+    hash_fn = hash_fn._replace(planes=jnp.zeros_like(hash_fn.planes))  # every vector in bucket 0
+    tables = sparse.lsh.build_tables(hash_fn, w, jax.random.PRNGKey(21))
+    h = jnp.ones((2, H))
+    ids, logits = sparse.lsh_logits(w, b, h, hash_fn, tables, 200, max_scored=120)
+    twice = np.intersect1d(*np.asarray(sparse.lsh.query(hash_fn, tables, h[:1], 200))[0])  # in both tables
+    assert ids.shape == (2, 120) and len(twice) > 120 - 1
+    assert set(np.asarray(ids)[0].tolist()) <= set(twice.tolist()) and len(set(np.asarray(ids)[0].tolist())) == 120
+    assert np.all(np.isfinite(np.asarray(logits)))
+
+
 def test_blocked_top_k_equals_top_k():
     from hwrepro.sparse import blocked_top_k
 

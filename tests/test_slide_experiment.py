@@ -47,12 +47,31 @@ def test_lsh_training_learns_and_records(lsh_run):
     assert final["test_P@1"] > max(0.5, 4 * chance)
     assert final["test_P@1"] >= final["test_P@3"] >= final["test_P@5"] > 0
     assert final["rebuilds"] >= 4 and final["rebuild_seconds"] > 0
+    # LSH-scored: inference tables (K = 8 bits: 256 buckets for 300 labels) score a share of the labels.
+    assert 0 < final["test_lsh_share_scored"] < 1 and final["test_lsh_P@1"] > 0.5 * final["test_P@1"]
+    assert final["test_lsh_seconds"] > 0 and final["test_seconds"] > 0
     run = json.loads((workdir / "run.json").read_text())
     assert run["data_source"].startswith("synthetic") and run["data_details"]["num_labels"] == 300
     rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
     evals = [r["eval_P@1"] for r in rows if "eval_P@1" in r]
     assert len(evals) >= 3 and evals[-1] > evals[0]
     assert all(r["train_seconds"] > 0 for r in rows)
+
+
+@pytest.mark.slow
+def test_incremental_tables_are_refiled_between_rebuilds(lsh_run, tmp_path):
+    from hwrepro.sparse import lsh
+
+    _, final = lsh_run
+    c = tiny_config("lsh")
+    c.lsh.maintenance, c.lsh.update_every = "incremental", 3
+    incremental = runner.run_here(c, tmp_path / "incremental", quiet=True)
+    # Full rebuilds and redraws on their schedule; a refile every third step that is not one of theirs.
+    schedule = lsh.RebuildSchedule(c.lsh.rebuild_period, c.lsh.rebuild_decay, c.lsh.redraw_period)
+    due = set(schedule.due_steps(final["steps"] + 1))
+    assert incremental["rebuilds"] == final["rebuilds"] == len(due)
+    assert incremental["refiles"] == len(set(range(3, final["steps"] + 1, 3)) - due) > 0
+    assert incremental["test_P@1"] > 0.5
 
 
 @pytest.mark.slow
@@ -150,6 +169,11 @@ BAD_SLIDE_VALUES = [  # (field, value, what the error says)
     ("lsh.kind", "simhsh", "lsh.kind='simhsh' is not a known hash family (did you mean 'simhash'?)"),
     ("model.num_candidates", 0, "model.num_candidates=0 must be positive"),
     ("model.min_count", 0, "model.min_count=0 must be positive"),
+    ("lsh.maintenance", "lazy", "lsh.maintenance='lazy' is not one of 'rebuild', 'incremental'"),
+    ("lsh.update_every", 0, "lsh.update_every=0 must be positive"),
+    ("eval.lsh.tables", "none", "eval.lsh.tables='none' is not one of 'inference', 'training'"),
+    ("eval.lsh.kind", "dwt", "eval.lsh.kind='dwt' is not a known hash family (did you mean 'dwta'?)"),
+    ("eval.lsh.probe_bits", -1, "eval.lsh.probe_bits=-1 must not be negative"),
 ]
 
 
@@ -166,8 +190,11 @@ def test_bad_slide_values_fail_validation(field, value, message):
     from configs.slide_amazon import get_config
 
     config = get_config()
-    group, name = field.split(".")
-    config[group][name] = value
+    *groups, name = field.split(".")
+    group = config
+    for g in groups:
+        group = group[g]
+    group[name] = value
     runner.validate(config)  # the fields every experiment has are fine; the experiment's own checks are not
     with pytest.raises(ConfigError) as error:
         experiments.get(config.experiment).validate(config)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 import types
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import ml_collections
@@ -20,47 +20,64 @@ from hwrepro import data as hwdata
 from hwrepro import sparse
 from hwrepro.errors import ConfigError
 from hwrepro.harness import numerics, parallel
-from hwrepro.harness.loop import fit, snapshotter
+from hwrepro.harness.loop import fit
 from hwrepro.harness.progress import Progress
 from hwrepro.harness.records import Run
 from hwrepro.sparse import lsh, sharded
 from hwrepro.sparse.hashes import FAMILIES
 
 KS = (1, 3, 5)
+MAINTENANCE = ("rebuild", "incremental")  # lsh.maintenance: how the tables follow W between rebuilds
+EVAL_TABLES = ("inference", "training")  # eval.lsh.tables: which tables LSH-scored prediction queries
 # hwrepro.sparse's functions as the run uses them on one device; sharded.on_mesh gives the same names over a
 # mesh, where a batch is first placed on the mesh (put_batch) and results are read back (to_host).
 ONE_DEVICE = types.SimpleNamespace(
-    **{name: getattr(sparse, name) for name in ("init_state", "make_train_step", "rebuild", "redraw", "topk",
-                                                "topk_lsh", "model_params")},
+    **{name: getattr(sparse, name) for name in ("init_state", "make_train_step", "rebuild", "redraw", "refile",
+                                                "topk", "topk_lsh", "model_params")},
     put_batch=lambda batch: batch, to_host=np.asarray)
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
     m, d = config.model, config.data
-    sources = hwdata.get(d.dataset, "labels").sources
-    if d.source not in sources:
-        raise ConfigError(f"data.source={d.source!r} is not one of {', '.join(map(repr, sources))} for "
-                          f"data.dataset={d.dataset!r} ('auto': the files under data.dir, or the synthetic "
-                          "stand-in when data.dir is empty)")
+    hwdata.get(d.dataset, "labels")
+    if d.source not in ("auto", "synthetic"):
+        raise ConfigError(f"data.source={d.source!r} is not one of 'auto' (the files under data.dir, or the "
+                          "synthetic stand-in when data.dir is empty), 'synthetic'")
     FAMILIES.get(config.lsh.kind, "lsh.kind")
+    FAMILIES.get(config.eval.lsh.kind, "eval.lsh.kind")
     checks = [("model.method", m.method, sparse.METHODS),
               ("model.candidate_mode", m.candidate_mode, sparse.CANDIDATE_MODES),
-              ("model.sampler", m.sampler, sparse.SAMPLERS)]
+              ("model.sampler", m.sampler, sparse.SAMPLERS),
+              ("lsh.maintenance", config.lsh.maintenance, MAINTENANCE),
+              ("eval.lsh.tables", config.eval.lsh.tables, EVAL_TABLES)]
     for name, value, allowed in checks:
         if value not in allowed:
             raise ConfigError(f"{name}={value!r} is not one of {', '.join(map(repr, allowed))}")
     for name in ("model.hidden", "model.num_candidates", "model.bucket_capacity", "model.min_count",
                  "data.max_features", "data.max_labels", "lsh.num_hashes", "lsh.num_tables",
-                 "lsh.rebuild_period", "eval.subset", "eval.batch_size"):
-        group, field = name.split(".")
-        if config[group][field] <= 0:
-            raise ConfigError(f"{name}={config[group][field]} must be positive")
+                 "lsh.update_every", "eval.subset", "eval.batch_size", "eval.lsh.num_hashes", "eval.lsh.num_tables",
+                 "eval.lsh.bucket_capacity", "eval.lsh.max_scored"):
+        value = config
+        for field in name.split("."):
+            value = value[field]
+        if value <= 0:
+            raise ConfigError(f"{name}={value} must be positive")
+    if config.eval.lsh.probe_bits < 0:
+        raise ConfigError(f"eval.lsh.probe_bits={config.eval.lsh.probe_bits} must not be negative")
+    if config.lsh.rebuild_period < 0:
+        raise ConfigError(f"lsh.rebuild_period={config.lsh.rebuild_period} must not be negative (0: only redraws)")
     if config.eval.final_points < 0:
         raise ConfigError(f"eval.final_points={config.eval.final_points} must not be negative")
     if parallel.is_sharded(config) and m.method != "dense":
         if m.candidate_mode != "shared":
             raise ConfigError(f"model.candidate_mode={m.candidate_mode!r}: a parallel.model x parallel.data mesh runs "
                               "batch-shared candidates only")
+        if config.eval.lsh.tables == "training" and config.eval.lsh.probe_bits:
+            raise ConfigError(f"eval.lsh.probe_bits={config.eval.lsh.probe_bits}: a mesh's training tables answer "
+                              "single-probe queries only (eval.lsh.tables='inference' probes)")
+        if config.lsh.maintenance != "rebuild":
+            raise ConfigError(f"lsh.maintenance={config.lsh.maintenance!r}: a parallel.model x parallel.data mesh "
+                              "rebuilds its tables (lsh.maintenance='rebuild')")
         if m.num_candidates % config.parallel.model:
             raise ConfigError(f"model.num_candidates={m.num_candidates} is not a multiple of "
                               f"parallel.model={config.parallel.model}")
@@ -68,10 +85,11 @@ def validate(config: ml_collections.ConfigDict) -> None:
         raise ConfigError(f"model.num_candidates={m.num_candidates} is below the {2 * d.window} context words")
 
 
-def lsh_spec(config: ml_collections.ConfigDict) -> sparse.LshSpec:
-    """The output layer's hash family as the config's `lsh` fields give it."""
-    c = config.lsh
-    options = c.get(c.kind)  # the family's own options, e.g. lsh.dwta.bin_size
+def lsh_spec(config: ml_collections.ConfigDict, group: str = "lsh") -> sparse.LshSpec:
+    """The output layer's hash family as the config's `lsh` fields give it (group "eval.lsh": the inference
+    tables'); the family's own options are in lsh.<kind> for both."""
+    c = config.eval.lsh if group == "eval.lsh" else config.lsh
+    options = config.lsh.get(c.kind)  # the family's own options, e.g. lsh.dwta.bin_size
     options = tuple(sorted(options.to_dict().items())) if options is not None else ()
     return sparse.LshSpec(kind=c.kind, num_hashes=c.num_hashes, num_tables=c.num_tables, options=options)
 
@@ -79,31 +97,53 @@ def lsh_spec(config: ml_collections.ConfigDict) -> sparse.LshSpec:
 # ------------------------------------------------------------------------------------------------ evaluation
 
 
-def evaluate(state: sparse.SlideState, eval_set, batch_size: int, use_lsh: bool, bucket_capacity: int,
-             dtype: Any, num_labels: int, progress: Progress | None = None, ops: Any = None) -> dict[str, float]:
-    """P@1, P@3, P@5 over every point of `eval_set` (padding rows, mask False, are left out).
+def evaluate(predict: Callable, eval_set, batch_size: int, num_labels: int,
+             progress: Progress | None = None) -> dict[str, float]:
+    """P@1, P@3, P@5 over every labelled point of `eval_set` (padding rows, mask False, are left out).
 
-    `progress` (counting batches) is for the final evaluation, minutes long at Amazon-670K scale. `ops`:
-    ONE_DEVICE (hwrepro.sparse's functions), or their mesh version (hwrepro.sparse.sharded.on_mesh)."""
-    ops = ops or ONE_DEVICE
+    predict(batch) -> (top-k ids int32 [B, k >= 5], labels scored per point int32 [B] or None); with the
+    counts, also "share_scored": the mean share of all labels scored per point. `progress` (counting
+    batches) is for the final evaluation, minutes long at Amazon-670K scale."""
     hits = {k: 0.0 for k in KS}
-    count = 0
+    count, scored = 0, 0.0
     for i, batch in enumerate(eval_set.ordered(batch_size), 1):
         del batch["mask"]  # padding rows have no labels: precision_at_k leaves them out
-        placed = ops.put_batch(batch)
-        if use_lsh:
-            ids = ops.topk_lsh(state.params, state.hash_fn, state.tables, placed, max(KS),
-                               bucket_capacity=bucket_capacity, dtype=dtype)
-        else:
-            ids = ops.topk(state.params, placed, max(KS), dtype=dtype)
-        ids = ops.to_host(ids)
-        labelled = int(np.any(batch["labels"] < num_labels, axis=1).sum())
+        ids, counts = predict(batch)
+        labelled = np.any(batch["labels"] < num_labels, axis=1)
         for name, p in sparse.precision_at_k(ids, batch["labels"], KS, num_labels).items():
-            hits[int(name[2:])] += float(p) * labelled
-        count += labelled
+            hits[int(name[2:])] += float(p) * int(labelled.sum())
+        count += int(labelled.sum())
+        if counts is not None:
+            scored += float(np.sum(np.asarray(counts)[labelled]))
         if progress is not None:
             progress.update(i, force=i == progress.total)
-    return {f"P@{k}": hits[k] / max(count, 1) for k in KS}
+    out = {f"P@{k}": hits[k] / max(count, 1) for k in KS}
+    return out if scored == 0 else dict(out, share_scored=scored / max(count, 1) / num_labels)
+
+
+def predictor(config: ml_collections.ConfigDict, state: sparse.SlideState, use_lsh: bool, dtype: Any,
+              ops: Any = ONE_DEVICE) -> Callable:
+    """`evaluate`'s predict: dense scoring of every label, or LSH-scored as config.eval.lsh says (for
+    "inference" tables, built here from the trained weights, once). `ops`: ONE_DEVICE, or its mesh version
+    (hwrepro.sparse.sharded.on_mesh: batches placed on the mesh, results read back)."""
+    k, e = max(KS), config.eval.lsh
+    if not use_lsh:
+        return lambda batch: (ops.to_host(ops.topk(state.params, ops.put_batch(batch), k, dtype=dtype)), None)
+    if e.tables == "training" and ops is not ONE_DEVICE:  # a mesh: each shard queries its own tables
+        return lambda batch: (ops.to_host(ops.topk_lsh(state.params, state.hash_fn, state.tables,
+                                                       ops.put_batch(batch), k, bucket_capacity=e.bucket_capacity,
+                                                       dtype=dtype)), None)
+    params, hash_fn, tables = state.params, state.hash_fn, state.tables
+    if e.tables == "inference":
+        params = ops.model_params(params)
+        if ops is not ONE_DEVICE:  # the mesh's shards gathered (to the host), onto this process's device
+            params = jax.tree_util.tree_map(jax.numpy.asarray, jax.device_get(params))
+        out = params["output"]
+        hash_fn, tables = sparse.inference_tables(out["weight"], out["bias"], lsh_spec(config, "eval.lsh"),
+                                                  jax.random.key(config.seed))
+    options = dict(bucket_capacity=e.bucket_capacity, dtype=dtype, probe_bits=e.probe_bits,
+                   inner_product=e.tables == "inference", max_scored=e.max_scored)
+    return lambda batch: sparse.topk_lsh_counted(params, hash_fn, tables, batch, k, **options)
 
 
 # ------------------------------------------------------------------------------------------------------ run
@@ -130,8 +170,14 @@ def run(config: ml_collections.ConfigDict, rec: Run):
                   f"{jax.default_backend()} devices in {jax.process_count()} process(es)")
     spec = lsh_spec(config)
     init_key, step_key, table_key = jax.random.split(jax.random.key(config.seed), 3)
+    incremental = m.method == "lsh" and config.lsh.maintenance == "incremental"
+    layout = {}
+    if incremental:  # buckets of model.bucket_capacity ids, room for the rows changed between two refiles
+        per_step = sparse.changed_rows_per_step(m.candidate_mode, m.num_candidates, config.train.batch_size,
+                                                data.num_labels)
+        layout = dict(table_capacity=m.bucket_capacity, pending_rows=config.lsh.update_every * per_step)
     state = ops.init_state(init_key, data.num_features, data.num_labels, m.hidden, method=m.method,
-                             param_dtype=numerics.jnp_dtype(config.numerics.param_dtype), lsh_spec=spec)
+                             param_dtype=numerics.jnp_dtype(config.numerics.param_dtype), lsh_spec=spec, **layout)
     step_fn = ops.make_train_step(m.method, learning_rate=config.train.learning_rate,
                                     num_candidates=m.num_candidates, candidate_mode=m.candidate_mode,
                                     bucket_capacity=m.bucket_capacity, min_count=m.min_count, sampler=m.sampler,
@@ -141,36 +187,42 @@ def run(config: ml_collections.ConfigDict, rec: Run):
     def train_step(state, batch):
         return step_fn(state, ops.put_batch(batch), jax.random.fold_in(step_key, state.step))
 
-    schedule = lsh.RebuildSchedule(config.lsh.rebuild_period, config.lsh.rebuild_decay,
+    schedule = lsh.RebuildSchedule(config.lsh.rebuild_period or None, config.lsh.rebuild_decay,
                                    config.lsh.redraw_period or None, config.lsh.redraw_decay)
     timing = {"rebuild_seconds": 0.0, "rebuilds": 0, "eval_seconds": 0.0}
+    if incremental:
+        timing.update(refile_seconds=0.0, refiles=0)
 
     def after_step(step, state):
-        if m.method != "lsh" or not schedule.due(step):
+        if m.method != "lsh":
             return state
-        jax.block_until_ready(state)  # steps still in flight are training time, not rebuild time
+        due = schedule.due(step)
+        if not (due or (incremental and step % config.lsh.update_every == 0)):
+            return state
+        jax.block_until_ready(state)  # steps still in flight are training time, not table upkeep
         t = time.time()
         key = jax.random.fold_in(table_key, step)
-        state = ops.redraw(state, key) if schedule.redraw_due(step) else ops.rebuild(state, key)
+        if not due:
+            state = ops.refile(state, key)
+        else:
+            state = ops.redraw(state, key) if schedule.redraw_due(step) else ops.rebuild(state, key)
         jax.block_until_ready(state.tables)
-        timing["rebuild_seconds"] += time.time() - t
-        timing["rebuilds"] += 1
+        what = "rebuild" if due else "refile"
+        timing[f"{what}_seconds"] += time.time() - t
+        timing[f"{what}s"] += 1
         return state
 
     def eval_subset(state):
         t = time.time()
-        out = evaluate(state, data.subset, config.eval.batch_size, False, m.bucket_capacity, compute_dtype,
-                       data.num_labels, ops=ops)
+        out = evaluate(predictor(config, state, False, compute_dtype, ops), data.subset, config.eval.batch_size,
+                       data.num_labels)
         timing["eval_seconds"] += time.time() - t
         return out
 
-    snapshots = config.train.checkpoints  # parameters kept in trajectory.npz (e.g. word vectors to inspect)
     state = fit(state, train_step, data.train_batches(), num_steps=num_steps,
                 examples_per_step=config.train.batch_size, rec=rec, log_every=config.train.log_every,
                 steps_per_epoch=data.steps_per_epoch, eval_fn=eval_subset, eval_every=config.train.eval_every,
-                after_step=after_step, snapshot_every=max(num_steps // snapshots, 1) if snapshots else 0,
-                snapshot_fn=snapshotter(rec, lambda s: ops.model_params(s.params)),
-                checkpoint_every=config.train.checkpoint_every,
+                after_step=after_step, checkpoint_every=config.train.checkpoint_every,
                 checkpoint_keep=config.train.checkpoint_keep, host=timing)
     train_seconds = timing.pop("train_seconds")
 
@@ -183,9 +235,11 @@ def run(config: ml_collections.ConfigDict, rec: Run):
     for prefix, use_lsh in [("test_", False)] + ([("test_lsh_", True)] if m.method == "lsh" else []):
         scoring = "LSH-scored" if use_lsh else f"all {data.num_labels:,} labels scored"
         progress = Progress(num_batches, f"{config.name} final eval, {scoring}", unit="batch", units="batches")
+        t_scoring = time.time()  # an LSH-scored evaluation's time includes building its inference tables
         final.update({prefix + k: v for k, v in evaluate(
-            state, data.test, config.eval.batch_size, use_lsh, m.bucket_capacity, compute_dtype,
-            data.num_labels, progress, ops).items()})
+            predictor(config, state, use_lsh, compute_dtype, ops), data.test, config.eval.batch_size,
+            data.num_labels, progress).items()})
+        final[prefix + "seconds"] = time.time() - t_scoring
     final["final_eval_seconds"] = time.time() - t
     where = f" on {config.eval.final_points} test points" if config.eval.final_points else " on the whole test split"
     rec.print(f"{m.method}: {final['seconds_per_epoch']:.1f} s/epoch (rebuilds {timing['rebuild_seconds']:.1f} s), "

@@ -1,5 +1,12 @@
 """Evaluation of a SLIDE network: top-k labels by dense scoring (chunked, exact) or among LSH-retrieved
-neurons, and precision@k."""
+neurons (scored exactly), and precision@k.
+
+LSH-scored prediction can use the training tables as they are (hashes of w: they find rows pointing like the
+activation, whatever their norm and bias) or `inference_tables`, built once after training over (w, b) for
+inner products (lsh.mips_rows), with multi-probe queries (lsh.probe_codes) reading a few neighbouring
+buckets per table. Precision, share of labels scored and time of each: docs/benchmarks.md, "LSH-scored
+prediction".
+"""
 
 from __future__ import annotations
 
@@ -78,6 +85,15 @@ def scored_topk(weight: jax.Array, bias: jax.Array, h: jax.Array, k: int, chunk:
     return best
 
 
+def inference_tables(weight: jax.Array, bias: jax.Array, spec: Any, key: jax.Array) -> tuple[Any, lsh.Tables]:
+    """(hash_fn, tables) for LSH-scored prediction, built once from the trained output layer: hash functions
+    of `spec` (a training.LshSpec: family, K, L, options) over lsh.mips_rows(weight, bias), so that a query's
+    nearest rows are its largest logits. Query them with inner_product=True."""
+    rows = lsh.mips_rows(weight, bias)
+    hash_fn = spec.init(jax.random.fold_in(key, 0), rows.shape[1])
+    return hash_fn, lsh.build_tables(hash_fn, rows, jax.random.fold_in(key, 1))
+
+
 def lsh_logits(
     weight: jax.Array,
     bias: jax.Array,
@@ -86,36 +102,75 @@ def lsh_logits(
     tables: Any,
     bucket_capacity: int,
     dtype: Any = jnp.float32,
+    probe_bits: int = 0,
+    inner_product: bool = False,
+    max_scored: int | None = None,
 ) -> tuple[jax.Array, jax.Array]:
-    """Scores only the neurons retrieved from the LSH tables for each example (fast inference).
+    """Scores only the neurons retrieved from the LSH tables for each example (fast inference), exactly.
+
+    probe_bits: multi-probe, 2**probe_bits buckets per table (lsh.query). inner_product: the tables hash
+    lsh.mips_rows (`inference_tables`), so the query is lsh.mips_queries(h). max_scored: score at most this
+    many distinct ids per example, those retrieved from the most buckets (SLIDE's frequency ranking; ties to
+    the lower id). Retrieved ids repeat across tables and probes, so the distinct ones are few: scoring
+    them alone, not every retrieved slot, is what makes the scoring fast (docs/benchmarks.md).
 
     Returns:
-      ids int32 [B, L * bucket_capacity] (each retrieved id once; repeats and padding are num_labels) and
-      float32 logits of the same shape, -inf where the id is num_labels.
+      ids int32 [B, R] (each retrieved id once; repeats and padding are num_labels), R = max_scored or
+      L * 2**probe_bits * bucket_capacity, and float32 logits of the same shape, -inf where the id is num_labels.
     """
     num_labels = weight.shape[0]
-    ids = lsh.query(hash_fn, tables, h, bucket_capacity).reshape(h.shape[0], -1)
+    x = lsh.mips_queries(h) if inner_product else h
+    ids = lsh.query(hash_fn, tables, x, bucket_capacity, probe_bits).reshape(h.shape[0], -1)
     ids = jnp.sort(ids, axis=1)
-    repeat = jnp.concatenate([jnp.zeros_like(ids[:, :1], bool), ids[:, 1:] == ids[:, :-1]], axis=1)
-    ids = jnp.where(repeat, num_labels, ids)
+    first = jnp.concatenate([jnp.ones_like(ids[:, :1], bool), ids[:, 1:] != ids[:, :-1]], axis=1)
+    if max_scored is not None and max_scored < ids.shape[1]:
+        slots = ids.shape[1]
+        position = jax.lax.broadcasted_iota(jnp.int32, ids.shape, 1)
+        # A run of equal ids ends where the next one starts: its length is how often the id was retrieved.
+        start = jax.lax.cummin(jnp.where(first, position, slots), axis=1, reverse=True)
+        count = jnp.concatenate([start[:, 1:], jnp.full_like(start[:, :1], slots)], axis=1) - position
+        keep = first & (ids < num_labels)
+        # One sort of packed keys (most often retrieved first, then by id; the rest last), XLA:CPU's fast
+        # single-array path: a two-key sort calls a comparator per comparison, several times slower.
+        id_bits = max(1, num_labels.bit_length())
+        with jax.enable_x64(True):
+            u64 = jnp.uint64
+            rank = jnp.where(keep, slots - count, slots + 1).astype(u64)
+            packed = jnp.sort((rank << u64(id_bits)) | jnp.where(keep, ids, num_labels).astype(u64), axis=1)
+            ids = (packed[:, :max_scored] & u64((1 << id_bits) - 1)).astype(jnp.int32)
+        first = jnp.ones_like(ids, bool)  # distinct now; the padding id is masked below
+    ids = jnp.where(first, ids, num_labels)
     return ids, model.output_logits(weight, bias, h, ids, dtype)
 
 
-@functools.partial(jax.jit, static_argnames=("k", "bucket_capacity", "dtype"))
 def topk_lsh(
     params: Params, hash_fn: Any, tables: Any, batch: Batch, k: int, bucket_capacity: int = 16,
-    dtype: Any = jnp.float32,
+    dtype: Any = jnp.float32, probe_bits: int = 0, inner_product: bool = False, max_scored: int | None = None,
 ) -> jax.Array:
-    """The k best labels per example among those its hidden activation retrieves from the LSH tables.
+    """The k best labels per example among those its hidden activation retrieves from the LSH tables, scored
+    exactly (probe_bits, inner_product, max_scored: see lsh_logits).
 
     int32 [B, k], best first; -1 where fewer than k neurons were retrieved (never counts as a hit).
     """
+    return topk_lsh_counted(params, hash_fn, tables, batch, k, bucket_capacity, dtype, probe_bits,
+                            inner_product, max_scored)[0]
+
+
+@functools.partial(jax.jit, static_argnames=("k", "bucket_capacity", "dtype", "probe_bits", "inner_product",
+                                             "max_scored"))
+def topk_lsh_counted(
+    params: Params, hash_fn: Any, tables: Any, batch: Batch, k: int, bucket_capacity: int = 16,
+    dtype: Any = jnp.float32, probe_bits: int = 0, inner_product: bool = False, max_scored: int | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """`topk_lsh` and, per example, how many distinct labels it scored (int32 [B])."""
     params = model_params(params)
     p_in, p_out = params["input"], params["output"]
     h = model.sparse_hidden(p_in["embedding"], p_in["bias"], batch["feat_ids"], batch["feat_vals"], dtype)
-    ids, z = lsh_logits(p_out["weight"], p_out["bias"], h, hash_fn, tables, bucket_capacity, dtype)
+    ids, z = lsh_logits(p_out["weight"], p_out["bias"], h, hash_fn, tables, bucket_capacity, dtype, probe_bits,
+                        inner_product, max_scored)
     v, j = jax.lax.top_k(z, k)
-    return jnp.where(v > -jnp.inf, jnp.take_along_axis(ids, j, axis=1), -1)
+    scored = jnp.sum(ids < p_out["weight"].shape[0], axis=1, dtype=jnp.int32)
+    return jnp.where(v > -jnp.inf, jnp.take_along_axis(ids, j, axis=1), -1), scored
 
 
 def precision_at_k(

@@ -16,6 +16,21 @@ FIFO / reservoir bucket replacement with a fixed bucket size.
     fn = lsh.init_hash("simhash", key, dim=128, num_hashes=16, num_tables=25)
     tables = lsh.build_tables(fn, weights, key)             # weights [N, 128]
     ids = lsh.query(fn, tables, x, bucket_capacity=16)      # x [B, 128] -> [B, 25, 16], padded with N
+
+Tables kept up to date between full builds use the other layout, `BucketTables`: fixed-capacity buckets
+(SLIDE's own: a bucket holds at most C ids) plus, per row, the bucket and slot it is filed in, so one changed
+row is moved in O(L * C) work instead of a rebuild's O(L * N log N):
+
+    tables = lsh.build_tables(fn, weights, key, capacity=16, pending_rows=8192)
+    tables = lsh.note_changed(tables, row_ids)               # rows whose weights changed (each step)
+    tables = lsh.refile(fn, tables, weights, key)            # re-hash those rows only, move them
+
+A fresh BucketTables holds exactly what a query of the sorted tables built with the same key reads (the first
+C ids of each bucket), so both layouts answer queries alike until rows move.
+
+For prediction: multi-probe queries read 2^m buckets per table (`query(..., probe_bits=m)`, `probe_codes`),
+and `mips_rows` / `mips_queries` turn "largest logit <w, h> + b" into "nearest row" for tables built over
+the trained layer (hwrepro.sparse.evaluation.inference_tables).
 """
 
 from __future__ import annotations
@@ -47,6 +62,37 @@ class Tables(NamedTuple):
 
     ids: Array
     starts: Array
+
+
+class BucketTables(NamedTuple):
+    """Fixed-capacity buckets that single rows can be moved between (`refile`), for incremental maintenance.
+
+    slots: int32 [L, num_buckets, C]: the ids filed in each bucket; N (one past the last id) at free slots,
+        which may lie anywhere in the bucket (a moved row leaves a hole that the next arrival fills).
+    row_bucket: int32 [L, N]: the bucket each row hashed to when it was last filed.
+    row_slot: int32 [L, N]: the row's slot in that bucket, -1 when it is not filed (its bucket was full).
+    sizes: int32 [L, num_buckets]: rows hashed to each bucket, filed or not.
+    pending: int32 [P]: ids of rows changed since the last refile, in the first `num_pending` entries.
+    num_pending: int32 []: ids noted since the last refile; those past P were dropped (size P for the rows
+        that change between two refiles).
+
+    At Amazon-670K's size (L = 25, 2^16 buckets, C = 16) the arrays take 245 MB, against 74 MB for Tables.
+    """
+
+    slots: Array
+    row_bucket: Array
+    row_slot: Array
+    sizes: Array
+    pending: Array
+    num_pending: Array
+
+
+def layout(tables: Tables | BucketTables) -> dict[str, int]:
+    """The `build_tables` arguments that give tables of the same layout and sizes (for rebuilds and redraws):
+    {} for Tables, {"capacity": C, "pending_rows": P} for BucketTables."""
+    if isinstance(tables, BucketTables):
+        return {"capacity": tables.slots.shape[2], "pending_rows": tables.pending.shape[0]}
+    return {}
 
 
 def init_hash(kind: str, key: Array, dim: int, num_hashes: int, num_tables: int, **options: Any) -> HashFn:
@@ -86,23 +132,57 @@ def table_codes(fn: HashFn, x: Array) -> Array:
     return fn.table_codes(x)
 
 
+# ------------------------------------------------------------------------------------- inner-product search
+
+
+def mips_rows(weight: Array, bias: Array) -> Array:
+    """Rows whose angle to `mips_queries(h)` orders them by their logit <w, h> + b: float32 [N, dim + 2].
+
+    Simple-LSH (Neyshabur & Srebro 2015): [w, b, sqrt(M^2 - |w|^2 - b^2)] with M the largest |(w, b)|, all
+    of norm M, so the cosine with the query [h, 1, 0] is (<w, h> + b) / (M |(h, 1)|): the largest logits are
+    the nearest neighbours, which SimHash (or DWTA) tables find. Hashing w alone finds rows pointing like h,
+    whatever their norm and bias. Rows with a small |(w, b)| point along the last axis, which no query has:
+    they gather in few buckets that queries rarely probe.
+    """
+    rows = jnp.concatenate([weight.astype(jnp.float32), bias.astype(jnp.float32)[:, None]], axis=1)
+    square = jnp.sum(rows * rows, axis=1)
+    return jnp.concatenate([rows, jnp.sqrt(jnp.maximum(jnp.max(square) - square, 0.0))[:, None]], axis=1)
+
+
+def mips_queries(x: Array) -> Array:
+    """The queries of `mips_rows` tables: x float [B, dim] -> [x, 1, 0] float32 [B, dim + 2]."""
+    ones = jnp.ones((x.shape[0], 1), jnp.float32)
+    return jnp.concatenate([x.astype(jnp.float32), ones, jnp.zeros_like(ones)], axis=1)
+
+
 # -------------------------------------------------------------------------------------------------------- tables
 
 
-@functools.partial(jax.jit, static_argnames="host_sort")
-def build_tables(fn: HashFn, weights: Array, key: Array, *, host_sort: bool | None = None) -> Tables:
+@functools.partial(jax.jit, static_argnames=("host_sort", "capacity", "pending_rows"))
+def build_tables(fn: HashFn, weights: Array, key: Array, *, host_sort: bool | None = None, capacity: int = 0,
+                 pending_rows: int = 0) -> Tables | BucketTables:
     """Hashes every weight row (one per output neuron) and groups the ids by bucket in each table.
 
     weights: float [N, dim]; key: a PRNG key for the random order inside buckets.
     host_sort: group with NumPy through a callback instead of XLA (same result, bit for bit: the sort keys
         are unique). Default: on the CPU backend, where XLA's sort is most of the build's time and NumPy's
         vectorised sort is several times faster (rebuild times: docs/benchmarks.md).
-    Returns Tables(ids int32 [L, N], starts int32 [L, num_buckets + 1]).
+    capacity: 0 for Tables(ids int32 [L, N], starts int32 [L, num_buckets + 1]), every id; C > 0 for
+        BucketTables holding the first C ids of each bucket of those (a uniform sample of a larger bucket),
+        with room for `pending_rows` changed-row ids between refiles.
     """
     if host_sort is None:
         host_sort = jax.default_backend() == "cpu"
     bucket_codes = table_codes(fn, weights)  # [L, N]
-    buckets = num_buckets(fn)
+    tables = _group(bucket_codes, num_buckets(fn), key, host_sort)
+    if not capacity:
+        return tables
+    check_positive(capacity=capacity)
+    return _to_buckets(tables, bucket_codes, capacity, pending_rows)
+
+
+def _group(bucket_codes: Array, buckets: int, key: Array, host_sort: bool) -> Tables:
+    """Tables of bucket codes int32 [L, N]: ids sorted by (bucket, random noise), and bucket starts."""
     noise, id_bits, rand_bits = _sort_key_parts(bucket_codes, buckets, key)
     if host_sort:
         group = functools.partial(_host_group_by_bucket, buckets=buckets, id_bits=id_bits, rand_bits=rand_bits)
@@ -118,6 +198,23 @@ def build_tables(fn: HashFn, weights: Array, key: Array, *, host_sort: bool | No
     table = jnp.arange(bucket_codes.shape[0])[:, None]
     sizes = jnp.zeros((bucket_codes.shape[0], buckets), jnp.int32).at[table, bucket_codes].add(1)
     return Tables(ids=ids, starts=jnp.pad(jnp.cumsum(sizes, axis=1), ((0, 0), (1, 0))))
+
+
+def _to_buckets(tables: Tables, bucket_codes: Array, capacity: int, pending_rows: int) -> BucketTables:
+    """BucketTables holding the first `capacity` ids of every bucket of `tables` (bucket_codes: int32 [L, N])."""
+    num_tables_, n = tables.ids.shape
+    table = jnp.arange(num_tables_)[:, None]
+    position = tables.starts[:, :-1, None] + jnp.arange(capacity, dtype=jnp.int32)  # [L, buckets, C]
+    found = jnp.take_along_axis(tables.ids, jnp.minimum(position, n - 1).reshape(num_tables_, -1), axis=1)
+    slots = jnp.where(position < tables.starts[:, 1:, None], found.reshape(position.shape), n)
+    # The id at sorted position p sits at p - (its bucket's start) in its bucket.
+    rank = jnp.arange(n, dtype=jnp.int32) - jnp.take_along_axis(
+        tables.starts, jnp.take_along_axis(bucket_codes, tables.ids, axis=1), axis=1)
+    row_slot = jnp.zeros((num_tables_, n), jnp.int32).at[table, tables.ids].set(
+        jnp.where(rank < capacity, rank, -1), unique_indices=True)
+    return BucketTables(slots=slots.astype(jnp.int32), row_bucket=bucket_codes, row_slot=row_slot,
+                        sizes=jnp.diff(tables.starts, axis=1), pending=jnp.full(pending_rows, n, jnp.int32),
+                        num_pending=jnp.zeros((), jnp.int32))
 
 
 def _sort_key_parts(bucket_codes: Array, buckets: int, key: Array) -> tuple[Array, int, int]:
@@ -144,7 +241,11 @@ def _keyed_mix(key: Array, shape: tuple[int, int]) -> Array:
     murmur3's 32-bit finalizer of (index xor a random seed per row): fully avalanching, and far cheaper on
     CPU than L * N threefry bits, which at Amazon-670K's size would cost more than NumPy's whole sort.
     """
-    h = lax.broadcasted_iota(jnp.uint32, shape, 1) ^ jax.random.bits(key, (shape[0], 1), jnp.uint32)
+    return _fmix32(lax.broadcasted_iota(jnp.uint32, shape, 1) ^ jax.random.bits(key, (shape[0], 1), jnp.uint32))
+
+
+def _fmix32(h: Array) -> Array:
+    """murmur3's 32-bit finalizer, a bijection of uint32 that mixes every input bit into every output bit."""
     h ^= h >> 16
     h *= jnp.uint32(0x85EBCA6B)
     h ^= h >> 13
@@ -186,28 +287,175 @@ def _host_group_by_bucket(
     return ids, starts
 
 
-@functools.partial(jax.jit, static_argnames="bucket_capacity")
-def query(fn: HashFn, tables: Tables, x: Array, bucket_capacity: int) -> Array:
-    """Neurons in the buckets x falls in: x float [B, dim] -> int32 [B, L, bucket_capacity].
+@functools.partial(jax.jit, static_argnames=("bucket_capacity", "probe_bits"))
+def query(fn: HashFn, tables: Tables | BucketTables, x: Array, bucket_capacity: int, probe_bits: int = 0) -> Array:
+    """Neurons in the buckets x falls in: x float [B, dim] -> int32 [B, L, 2**probe_bits * bucket_capacity].
 
     Per table, the first `bucket_capacity` ids of x's bucket (a uniform sample of it, the in-bucket order
-    being random), padded with N (one past the last neuron id) when the bucket is smaller.
+    being random), padded with N (one past the last neuron id) when the bucket is smaller. probe_bits m > 0:
+    multi-probe, the same from 2**m buckets per table (`probe_codes`), x's own bucket first.
     """
-    return lookup(tables, codes(fn, x), bucket_capacity)
+    if not probe_bits:
+        return lookup(tables, codes(fn, x), bucket_capacity)
+    probed = probe_codes(fn, x, probe_bits)  # [B, L, P]
+    b, num_tables_, p = probed.shape
+    found = lookup(tables, probed.transpose(0, 2, 1).reshape(b * p, num_tables_), bucket_capacity)
+    return found.reshape(b, p, num_tables_, bucket_capacity).transpose(0, 2, 1, 3).reshape(b, num_tables_, -1)
 
 
-def lookup(tables: Tables, bucket_codes: Array, bucket_capacity: int) -> Array:
-    """`query` for precomputed codes: int32 [B, L] bucket ids -> int32 [B, L, bucket_capacity] neuron ids."""
+def probe_codes(fn: HashFn, x: Array, probe_bits: int) -> Array:
+    """Multi-probe bucket ids int32 [B, L, 2**probe_bits]: x's own bucket, then those where any subset of the
+    table's `probe_bits` least certain hashes took its next most likely value (Lv et al. 2007), in the order
+    of the subsets' binary numbers (each single hash before pairs of them).
+
+    Uses the family's `hash_changes` (SimHash: flip the bits of the hyperplanes x lies closest to; DWTA:
+    a bin's runner-up slot where it lost by the least). Hashes with an infinite margin are never changed.
+    """
+    check_positive(probe_bits=probe_bits)
+    if not hasattr(fn, "hash_changes"):
+        raise ValueError(f"hash family {type(fn).__name__} has no hash_changes: it cannot answer multi-probe "
+                         "queries")
+    home = table_codes(fn, x)  # [L, B]
+    deltas, margins = fn.hash_changes(x)  # [L, B, K]
+    if probe_bits > deltas.shape[2]:
+        raise ValueError(f"probe_bits={probe_bits} exceeds the {deltas.shape[2]} hashes per table")
+    neg_margin, least = lax.top_k(-margins, probe_bits)  # [L, B, m]: the least certain hashes
+    step = jnp.where(jnp.isfinite(neg_margin), jnp.take_along_axis(deltas, least, axis=2), 0)
+    subsets = (jnp.arange(2**probe_bits)[:, None] >> jnp.arange(probe_bits)) & 1  # [P, m]
+    probed = home[..., None] + jnp.sum(step[:, :, None, :] * subsets, axis=3, dtype=jnp.int32)
+    return probed.transpose(1, 0, 2)
+
+
+def lookup(tables: Tables | BucketTables, bucket_codes: Array, bucket_capacity: int) -> Array:
+    """`query` for precomputed codes: int32 [B, L] bucket ids -> int32 [B, L, bucket_capacity] neuron ids.
+
+    BucketTables: the bucket's first `bucket_capacity` slots (padded with N past its capacity C); N marks a
+    free slot anywhere in it.
+    """
     check_positive(bucket_capacity=bucket_capacity)
-    num_tables_, n = tables.ids.shape
+    num_tables_, n = (tables.ids if isinstance(tables, Tables) else tables.row_bucket).shape
     if bucket_codes.ndim != 2 or bucket_codes.shape[1] != num_tables_:
         raise ValueError(f"expected bucket codes of shape [B, {num_tables_}], got shape {bucket_codes.shape}")
     table = jnp.arange(num_tables_)
+    if isinstance(tables, BucketTables):
+        found = tables.slots[table, bucket_codes][..., :bucket_capacity]  # [B, L, min(C, capacity)]
+        return jnp.pad(found, ((0, 0), (0, 0), (0, bucket_capacity - found.shape[2])), constant_values=n)
     first = tables.starts[table, bucket_codes]  # [B, L]
     end = tables.starts[table, bucket_codes + 1]
     position = first[..., None] + jnp.arange(bucket_capacity, dtype=jnp.int32)  # [B, L, C]
     found = tables.ids[table[:, None], jnp.minimum(position, n - 1)]
     return jnp.where(position < end[..., None], found, n)
+
+
+# ------------------------------------------------------------------------------------------ incremental upkeep
+
+
+def note_changed(tables: Tables | BucketTables, ids: Array) -> Tables | BucketTables:
+    """Notes rows whose weights changed, for the next `refile`: ids int32 [...] (N = none; repeats allowed).
+
+    O(ids.size): the ids are appended to `tables.pending`; ids past its size are dropped (and counted in
+    num_pending). Tables (sorted, rebuilt in full) keep no record and come back as they are.
+    """
+    if not isinstance(tables, BucketTables):
+        return tables
+    flat = ids.ravel().astype(jnp.int32)
+    at = tables.num_pending + jnp.arange(flat.size, dtype=jnp.int32)
+    return tables._replace(pending=tables.pending.at[at].set(flat, mode="drop"),
+                           num_pending=tables.num_pending + flat.size)
+
+
+@functools.partial(jax.jit, static_argnames="block")
+def refile(fn: HashFn, tables: BucketTables, weights: Array, key: Array, block: int = 8192) -> BucketTables:
+    """Re-hashes the rows noted since the last refile and moves those whose bucket changed; pending emptied.
+
+    weights: float [N, dim] (any float dtype; only the noted rows are read); key: PRNG key for the overflow
+    choices. Work is O(noted rows): they are deduplicated (one sort of the pending buffer), then hashed and
+    moved `block` rows at a time, as many blocks as there are distinct rows. A moved row leaves its old
+    bucket and takes a free slot of its new one; rows not filed (their bucket was full) take free slots too.
+    Overflow, when a bucket has no free slot left: a moved row replaces a random filed row with probability
+    C / (rows hashed to the bucket), SLIDE's reservoir sampling, so a full bucket stays a near-uniform
+    sample of its rows; otherwise it stays unfiled (row_slot -1) until a slot frees or the next full build.
+    Without overflow the result holds the same ids per bucket as a full build of the same weights.
+    """
+    n = tables.row_bucket.shape[1]
+    pending = jnp.where(jnp.arange(tables.pending.shape[0]) < tables.num_pending, tables.pending, n)
+    ids = jnp.sort(pending)
+    first = jnp.concatenate([jnp.ones(1, bool), ids[1:] != ids[:-1]]) & (ids < n)
+    count = jnp.sum(first, dtype=jnp.int32)
+    block = max(1, min(block, pending.shape[0]))
+    size = -(-pending.shape[0] // block) * block
+    rows = jnp.full(size, n, jnp.int32).at[jnp.where(first, jnp.cumsum(first) - 1, size)].set(ids, mode="drop")
+
+    def move_block(i: Array, t: BucketTables) -> BucketTables:
+        r = lax.dynamic_slice_in_dim(rows, i * block, block)
+        x = weights.at[r].get(mode="clip").astype(jnp.float32)  # padding rows are masked in _move
+        return _move(t, r, table_codes(fn, x), jax.random.fold_in(key, i))
+
+    tables = lax.fori_loop(0, -(-count // block), move_block, tables)
+    return tables._replace(num_pending=jnp.zeros((), jnp.int32))
+
+
+def _move(t: BucketTables, rows: Array, new: Array, key: Array) -> BucketTables:
+    """Files distinct rows int32 [U] (N = padding) under their new bucket codes int32 [L, U] (see refile)."""
+    num_tables_, buckets, capacity = t.slots.shape
+    n = t.row_bucket.shape[1]
+    table = jnp.arange(num_tables_)[:, None]
+    valid = rows < n
+    r = jnp.minimum(rows, n - 1)
+    old, old_slot = t.row_bucket[:, r], t.row_slot[:, r]  # [L, U]
+    moved = valid & (new != old)
+    # Out of the old buckets (index `buckets` is out of range: the scatter drops it).
+    slots = t.slots.at[table, jnp.where(moved & (old_slot >= 0), old, buckets), old_slot].set(n, mode="drop")
+    sizes = (t.sizes.at[table, jnp.where(moved, old, buckets)].add(-1, mode="drop")
+             .at[table, jnp.where(moved, new, buckets)].add(1, mode="drop"))
+    # Into the new ones: each arrival's rank among this block's arrivals to its bucket, in random order.
+    arrive = valid & (moved | (old_slot < 0))
+    k_order, k_admit, k_start = jax.random.split(key, 3)
+    iota = lax.broadcasted_iota(jnp.int32, new.shape, 1)
+    by_bucket, order = _sort_by_bucket(jnp.where(arrive, new, buckets), buckets, k_order)
+    head = jnp.concatenate([jnp.ones((num_tables_, 1), bool), by_bucket[:, 1:] != by_bucket[:, :-1]], axis=1)
+    rank_sorted = iota - lax.cummax(jnp.where(head, iota, 0), axis=1)
+    rank = jnp.zeros_like(iota).at[table, order].set(rank_sorted, unique_indices=True)
+    here = slots[table, new]  # [L, U, C]: the new buckets after the removals
+    free = here == n
+    num_free = jnp.sum(free, axis=2, dtype=jnp.int32)
+    # Overflow: the o-th overflowing arrival of a bucket takes its (o + start)-th filed row's slot (distinct
+    # for distinct o), if admitted; `start` is random per bucket.
+    over, filed = rank - num_free, capacity - num_free
+    start = (_fmix32(new.astype(jnp.uint32) ^ jax.random.bits(k_start, (num_tables_, 1), jnp.uint32))
+             % capacity).astype(jnp.int32)
+    admit = (moved & (over >= 0) & (over < filed)
+             & (jax.random.uniform(k_admit, new.shape) * sizes[table, new] < capacity))
+    evict_slot = _nth(~free, (over + start) % jnp.maximum(filed, 1))
+    slot = jnp.where(arrive & (rank < num_free), _nth(free, rank), jnp.where(admit, evict_slot, -1))
+    evicted = jnp.where(admit, jnp.take_along_axis(here, evict_slot[..., None], axis=2)[..., 0], n)
+    # Evicted rows (filed rows not in this block's arrivals) and arrivals are distinct: no scatter collides.
+    row_slot = (t.row_slot.at[table, evicted].set(-1, mode="drop")
+                .at[table, jnp.where(arrive, r, n)].set(slot, mode="drop"))
+    slots = slots.at[table, jnp.where(slot >= 0, new, buckets), slot].set(rows, mode="drop")
+    row_bucket = t.row_bucket.at[table, jnp.where(moved, r, n)].set(new, mode="drop")
+    return t._replace(slots=slots, row_bucket=row_bucket, row_slot=row_slot, sizes=sizes)
+
+
+def _sort_by_bucket(bucket: Array, buckets: int, key: Array) -> tuple[Array, Array]:
+    """Per row of bucket int32 [L, U] (values <= buckets): the sorted values and the positions they came
+    from, in random order within equal values. One sort of packed uint64 keys (bucket | noise | position),
+    XLA:CPU's fast single-array path (a sort with a payload calls a comparator per comparison)."""
+    u = bucket.shape[1]
+    pos_bits = max(1, (u - 1).bit_length())
+    code_bits = max(1, buckets.bit_length())
+    noise = _keyed_mix(key, bucket.shape) >> (32 - min(32, 64 - pos_bits - code_bits))
+    with jax.enable_x64(True):
+        u64 = jnp.uint64
+        packed = jnp.sort((bucket.astype(u64) << u64(64 - code_bits)) | (noise.astype(u64) << u64(pos_bits))
+                          | lax.broadcasted_iota(u64, bucket.shape, 1), axis=1)
+        return (packed >> u64(64 - code_bits)).astype(jnp.int32), (packed & u64((1 << pos_bits) - 1)).astype(jnp.int32)
+
+
+def _nth(mask: Array, k: Array) -> Array:
+    """int32 [...]: the position of the k-th (from 0) True of mask bool [..., C] (0 when there is none)."""
+    count = jnp.cumsum(mask, axis=-1, dtype=jnp.int32)
+    return jnp.argmax(mask & (count == k[..., None] + 1), axis=-1).astype(jnp.int32)
 
 
 # ------------------------------------------------------------------------------------------------------ schedule
@@ -223,24 +471,27 @@ class RebuildSchedule:
     the first n periods, so rounding never accumulates. `step` counts completed training steps: with
     rebuild_period 50 and no decay, tables are rebuilt after steps 50, 100, 150, ...
 
-    rebuild_period, rebuild_decay: table rebuilds (SLIDE's Amazon-670K config: every 50 batches).
+    rebuild_period, rebuild_decay: table rebuilds (SLIDE's Amazon-670K config: every 50 batches); rebuild_period
+        None rebuilds only with a redraw (incremental tables, lsh.refile, kept up to date in between).
     redraw_period, redraw_decay: new hash functions, which need new tables too (SLIDE: every 1,000 batches);
         redraw_period None never redraws.
     """
 
-    rebuild_period: float
+    rebuild_period: float | None
     rebuild_decay: float = 0.0
     redraw_period: float | None = None
     redraw_decay: float = 0.0
 
     def __post_init__(self) -> None:
-        _check_period("rebuild", self.rebuild_period, self.rebuild_decay)
+        if self.rebuild_period is not None:
+            _check_period("rebuild", self.rebuild_period, self.rebuild_decay)
         if self.redraw_period is not None:
             _check_period("redraw", self.redraw_period, self.redraw_decay)
 
     def due(self, step: int) -> bool:
         """True when the tables must be rebuilt after `step` (a rebuild or a redraw step)."""
-        return _is_event(self.rebuild_period, self.rebuild_decay, step) or self.redraw_due(step)
+        return ((self.rebuild_period is not None and _is_event(self.rebuild_period, self.rebuild_decay, step))
+                or self.redraw_due(step))
 
     def redraw_due(self, step: int) -> bool:
         """True when new hash functions must be drawn (and tables built for them) after `step`."""
@@ -248,7 +499,8 @@ class RebuildSchedule:
 
     def due_steps(self, stop: int) -> list[int]:
         """The steps in [1, stop) at which `due` is True, in order."""
-        steps = set(_events_before(self.rebuild_period, self.rebuild_decay, stop))
+        steps = set() if self.rebuild_period is None else set(
+            _events_before(self.rebuild_period, self.rebuild_decay, stop))
         if self.redraw_period is not None:
             steps.update(_events_before(self.redraw_period, self.redraw_decay, stop))
         return sorted(steps)

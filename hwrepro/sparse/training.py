@@ -4,6 +4,7 @@ No file I/O and no logging here; the training loop (hwrepro.experiments) owns th
   state = init_state(key, num_features, num_labels, method=...)
   step = make_train_step(method, ...);  state, metrics = step(state, batch, key)
   state = rebuild(state, key) / redraw(state, key)   when RebuildSchedule says so (method "lsh" only)
+  state = refile(state, key)                          between rebuilds, with incremental tables (see init_state)
   ids = topk(state.params, batch, k);  precision_at_k(ids, batch["labels"])
 
 Batches are the shared format (dicts of arrays): feat_ids int32 [B, F] padded with num_features, feat_vals
@@ -87,7 +88,8 @@ class SlideState:
       are kept as uint16 bit patterns (sparse_adam.to_storage: row scatters in place). `model_params` gives
       the modules' view.
     opt_state: SparseOptState (methods "lsh", "sampled") or an optax Adam state over params ("dense").
-    hash_fn, tables: the LSH functions and tables over the rows of W (method "lsh"; None otherwise).
+    hash_fn, tables: the LSH functions and tables over the rows of W (method "lsh"; None otherwise): lsh.Tables,
+      or lsh.BucketTables, in which each step notes the rows of W it changed for `refile`.
     step: int32 scalar, steps taken.
     lsh_spec: static; how hash functions are (re)drawn.
     """
@@ -128,11 +130,16 @@ def init_state(
     param_dtype: Any = jnp.float32,
     moment_dtype: Any = jnp.float32,
     lsh_spec: LshSpec = LshSpec(),
+    table_capacity: int = 0,
+    pending_rows: int = 0,
 ) -> SlideState:
     """A fresh training state for `method` ("lsh", "sampled" or "dense").
 
     param_dtype is the storage dtype of E and W (float32 or bfloat16); biases stay float32. For "lsh" the
-    hash functions are drawn and the tables built from the initial W.
+    hash functions are drawn and the tables built from the initial W: with table_capacity 0, lsh.Tables
+    (every id, rebuilt in full); with C > 0, lsh.BucketTables of C ids per bucket that `refile` keeps up to
+    date between rebuilds, noting up to `pending_rows` changed rows (`changed_rows_per_step` per step) between
+    two refiles. Rebuilds and redraws keep the layout.
     """
     _check(method, METHODS, "method")
     k_params, k_hash, k_tables = jax.random.split(key, 3)
@@ -147,7 +154,8 @@ def init_state(
     hash_fn = tables = None
     if method == "lsh":
         hash_fn = lsh_spec.init(k_hash, hidden)
-        tables = _build(hash_fn, params["output"]["weight"], k_tables)
+        tables = _build(hash_fn, params["output"]["weight"], k_tables, capacity=table_capacity,
+                        pending_rows=pending_rows)
     return SlideState(params=params, opt_state=opt_state, hash_fn=hash_fn, tables=tables,
                       step=jnp.zeros((), jnp.int32), lsh_spec=lsh_spec if method == "lsh" else None)
 
@@ -157,14 +165,30 @@ def model_params(params: Params) -> Params:
     return jax.tree_util.tree_map(sparse_adam.from_storage, params)
 
 
-def _build(hash_fn: Any, weight: jax.Array, key: jax.Array) -> Any:
-    return lsh.build_tables(hash_fn, sparse_adam.from_storage(weight).astype(jnp.float32), key)
+def _build(hash_fn: Any, weight: jax.Array, key: jax.Array, **layout: int) -> Any:
+    return lsh.build_tables(hash_fn, sparse_adam.from_storage(weight).astype(jnp.float32), key, **layout)
 
 
 @functools.partial(jax.jit, donate_argnums=0)
 def rebuild(state: SlideState, key: jax.Array) -> SlideState:
-    """Re-inserts the current rows of W into the LSH tables (same hash functions)."""
-    return state.replace(tables=_build(state.hash_fn, state.params["output"]["weight"], key))
+    """Re-inserts the current rows of W into the LSH tables (same hash functions, same layout)."""
+    return state.replace(tables=_build(state.hash_fn, state.params["output"]["weight"], key,
+                                       **lsh.layout(state.tables)))
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def refile(state: SlideState, key: jax.Array) -> SlideState:
+    """Moves the rows of W changed since the last refile or rebuild to the buckets they hash to now
+    (lsh.refile; lsh.BucketTables only): O(changed rows), where a rebuild is O(N)."""
+    return state.replace(tables=lsh.refile(state.hash_fn, state.tables,
+                                           sparse_adam.from_storage(state.params["output"]["weight"]), key))
+
+
+def changed_rows_per_step(candidate_mode: str, num_candidates: int, batch_size: int, num_labels: int) -> int:
+    """How many row ids of W a sparse step notes as changed (padding included): the `pending_rows` of
+    init_state for one step between refiles."""
+    _check(candidate_mode, CANDIDATE_MODES, "candidate_mode")
+    return num_candidates if candidate_mode == "shared" else min(batch_size * num_candidates, num_labels + 1)
 
 
 @functools.partial(jax.jit, donate_argnums=0)
@@ -173,7 +197,7 @@ def redraw(state: SlideState, key: jax.Array) -> SlideState:
     k_hash, k_tables = jax.random.split(key)
     weight = state.params["output"]["weight"]
     hash_fn = state.lsh_spec.init(k_hash, weight.shape[1])
-    return state.replace(hash_fn=hash_fn, tables=_build(hash_fn, weight, k_tables))
+    return state.replace(hash_fn=hash_fn, tables=_build(hash_fn, weight, k_tables, **lsh.layout(state.tables)))
 
 
 def make_train_step(
@@ -304,5 +328,6 @@ def _sparse_step(
     params = {"input": {"embedding": tables["embedding"], "bias": optax.apply_updates(p_in["bias"], hb_updates)},
               "output": {"weight": tables["weight"], "bias": tables["out_bias"]}}
     opt_state = SparseOptState(rows=opt_rows, hidden_bias=opt_hb)
+    tables = lsh.note_changed(state.tables, rows) if use_lsh else state.tables  # BucketTables: for refile
     metrics = {"loss": loss, "candidates": jnp.sum(mask) / (1 if shared else labels.shape[0])}
-    return state.replace(params=params, opt_state=opt_state, step=state.step + 1), metrics
+    return state.replace(params=params, opt_state=opt_state, tables=tables, step=state.step + 1), metrics

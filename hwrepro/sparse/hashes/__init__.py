@@ -14,6 +14,9 @@ and donation) with this protocol:
         def num_tables(self) -> int:                     # L, from a static shape
         @property
         def num_buckets(self) -> int:                    # buckets per table, from static shapes
+        # Optional, for multi-probe queries (lsh.probe_codes): per table and hash, how the bucket id would
+        # change if that hash alone took its next most likely value, and how close it came to doing so.
+        def hash_changes(self, x) -> tuple[jax.Array, jax.Array]:  # deltas int32 [L, n, K], margins f32 [L, n, K]
 
 `hwrepro.sparse.lsh` builds tables and answers queries for any family; `hwrepro.sparse.hashes.simhash` and
 `.dwta` are the built-ins. The helpers below are shared by families.

@@ -81,10 +81,32 @@ class DWTA(NamedTuple):
         _, num_hashes, bin_size = self.bins.shape
         return bin_size**num_hashes
 
+    def hash_changes(self, x: Array) -> tuple[Array, Array]:
+        """For multi-probe queries: hash k taking its bin's runner-up slot changes the bucket id by
+        (runner-up - winner) * bin_size**k (deltas int32 [L, n, K]); its margin is the winner's value minus
+        the runner-up's (margins float32 [L, n, K]; inf for a bin with fewer than two non-zero values or whose
+        slot was borrowed by densification). For query batches: it gathers [n, L, K, bin_size] values."""
+        return _hash_changes(self, x)
+
     def table_codes(self, x: Array) -> Array:
         """int32 [L, n]: the bucket ids of x float [n, dim] in every table."""
         # Rows per block: their int32 keys [dim, rows] (1 MB) stay in L2 while every table's bins read them.
         return by_row_blocks(functools.partial(_dwta_codes, self), x, self.num_tables, (1 << 20) // (4 * x.shape[1]))
+
+
+def _hash_changes(fn: "DWTA", x: Array) -> tuple[Array, Array]:
+    """DWTA.hash_changes: the runner-up of each bin and how far behind the winner it is."""
+    num_tables_, num_hashes, bin_size = fn.bins.shape
+    codes = _dwta_codes(fn, x)  # [L, n]: the exact bucket ids (the winners, densified)
+    radix = bin_size ** jnp.arange(num_hashes, dtype=jnp.int32)  # [K]
+    digit = (codes[:, :, None] // radix) % bin_size  # [L, n, K]: each hash's slot in the bucket id
+    values = jnp.moveaxis(x.astype(jnp.float32)[:, fn.bins], 0, 2)  # [L, K, n, bin]
+    values = jnp.moveaxis(jnp.where(values != 0, values, -jnp.inf), 1, 2)  # [L, n, K, bin]; zeros take no part
+    top2, slots = lax.top_k(values, 2)
+    margin = jnp.where(jnp.isfinite(top2[..., 1]), top2[..., 0] - top2[..., 1], jnp.inf)
+    # Only a bin that decided its own slot (not densified) and has a finite winner margin can be probed.
+    own = slots[..., 0] == digit
+    return (slots[..., 1] - digit) * radix, jnp.where(own, margin, jnp.inf)
 
 
 def _dwta_keys(x: Array, bin_size: int) -> Array:

@@ -68,6 +68,15 @@ class SimHash(NamedTuple):
         # Rows per block: their f32 projections [rows, L * K] (2 MB) stay in a core's L2 cache.
         return by_row_blocks(self._codes, x, tables, (1 << 21) // (4 * tables * bits))
 
+    def hash_changes(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """For multi-probe queries: flipping bit k changes the bucket id by +-2**k (deltas int32 [L, n, K]); its
+        margin is x's distance to hyperplane k, |<x, r>| / |r| (margins float32 [L, n, K]), the least certain
+        bits first (Lv et al. 2007, multi-probe LSH)."""
+        proj = jnp.einsum("nd,dlk->lnk", x.astype(jnp.float32), self.planes, precision=lax.Precision.HIGHEST)
+        bit = jnp.left_shift(1, jnp.arange(self.planes.shape[2], dtype=jnp.int32))
+        norms = jnp.sqrt(jnp.sum(self.planes * self.planes, axis=0))  # [L, K]
+        return jnp.where(proj > 0, -bit, bit), jnp.abs(proj) / jnp.maximum(norms[:, None, :], 1e-30)
+
     def _codes(self, x: jax.Array) -> jax.Array:
         bit_values = jnp.left_shift(1, jnp.arange(self.planes.shape[2], dtype=jnp.int32))
         proj = jnp.einsum("nd,dlk->nlk", x.astype(jnp.float32), self.planes, precision=lax.Precision.HIGHEST)
