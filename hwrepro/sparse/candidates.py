@@ -185,6 +185,24 @@ def unique_rows(ids: jax.Array, num_rows: int, size: int | None = None) -> tuple
     return rows, inverse.reshape(ids.shape)
 
 
+def first_slots(ids: jax.Array, num_rows: int) -> tuple[jax.Array, jax.Array]:
+    """Repeated ids folded onto the first slot that holds them, without sorting: for the per-example step,
+    whose B * m candidate slots share rows across examples.
+
+    ids: int32 [...] in [0, num_rows] (num_rows is padding). Returns rows int32 [ids.size], each distinct
+    real id at the first (flat) slot holding it and num_rows at every other slot, and first int32 [ids.shape],
+    the flat slot of each slot's first occurrence (rows[first] == ids where ids < num_rows).
+
+    One scatter-min of slot numbers into a [num_rows + 1] int32 array and one gather: O(num_rows) memory (the
+    shared candidates' score array is as large), where `unique_rows` would sort the B * m slots (with two
+    keys once id and slot no longer fit one uint32, as 670,091 labels x 131,072 slots do not).
+    """
+    flat = ids.ravel()
+    slot = jnp.arange(flat.size, dtype=jnp.int32)
+    first = jnp.full(num_rows + 1, flat.size, jnp.int32).at[flat].min(slot)[flat]
+    return jnp.where((first == slot) & (flat < num_rows), flat, num_rows), first.reshape(ids.shape)
+
+
 def shared_targets(labels: jax.Array, candidates: jax.Array, num_labels: int) -> jax.Array:
     """float32 [B, M] normalised targets (1/|labels_b| at each true label) over shared candidates [M]."""
     m = candidates.shape[0]
