@@ -17,8 +17,11 @@ What makes a sparse step cheap, and is kept that way on purpose:
 - the output layer is differentiated with respect to the gathered candidate rows only (one gather of W and
   b per step), never with respect to the whole W;
 - E, W and b are updated with the row-sparse Adam (hwrepro.sparse.sparse_adam), whose scatters run in place because
-  the step donates the state (bfloat16 tables are kept as uint16 bits for that); candidate ids are ascending,
-  so gathers and scatters walk the tables in memory order; only the hidden bias uses a dense optax Adam;
+  the step donates the state (bfloat16 tables are kept as uint16 bits for that); shared candidate ids are
+  ascending, so gathers and scatters walk the tables in memory order; only the hidden bias uses a dense optax Adam;
+- per-example candidates (B * m slots, many ids in several examples) fold each id's gradient rows onto its
+  first slot (`first_slots`: one scatter-min into an [num_labels + 1] array, no sort of the slots), and the
+  Adam reads the rows gathered for the logits;
 - candidate selection costs O(num_labels) in float32 counters (one zeroed score array and one top_k), which
   is ~128x less traffic than one pass over W, and nothing in a step is O(num_labels * hidden).
 """
@@ -185,8 +188,9 @@ def refile(state: SlideState, key: jax.Array) -> SlideState:
 
 
 def changed_rows_per_step(candidate_mode: str, num_candidates: int, batch_size: int, num_labels: int) -> int:
-    """How many row ids of W a sparse step notes as changed (padding included): the `pending_rows` of
-    init_state for one step between refiles."""
+    """How many row ids of W a sparse step notes as changed (padding included: per example, every one of the
+    B * m slots, a repeated id counting as padding): the `pending_rows` of init_state for one step between
+    refiles. num_labels is not needed; kept for callers."""
     _check(candidate_mode, CANDIDATE_MODES, "candidate_mode")
     return num_candidates if candidate_mode == "shared" else batch_size * num_candidates
 
