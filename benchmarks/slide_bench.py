@@ -325,6 +325,10 @@ def main() -> None:
                   f"{lsh_off['rebuild_ms'] / lsh['rebuild_ms']:.2f}x), dense "
                   f"{dense_off['step_ms'] / dense['step_ms']:.2f}x; lsh-shared maxrss {lsh_off['maxrss_gb']:.2f} -> "
                   f"{lsh['maxrss_gb']:.2f} GB, dense {dense_off['maxrss_gb']:.2f} -> {dense['maxrss_gb']:.2f} GB")
+    per_example = by.get(("lsh per-example", main_isa, "fp32", NUM_LABELS, True, True))
+    if lsh and per_example:
+        print(f"lsh per-example / shared step: {per_example['step_ms'] / lsh['step_ms']:.2f}x (target <= 2x); "
+              f"B * m = {BATCH * PER_EXAMPLE_M:,} candidate slots against M = {SHARED_M:,}")
     if lsh:
         print(f"lsh-shared step / arithmetic floor: {lsh['step_ms'] / lsh['floor_ms']:.2f}x (target <= 3x); "
               f"floor = {lsh['step_gflop']:.3f} GFLOP / {lsh['matmul_gflops']:.0f} GFLOP/s measured "

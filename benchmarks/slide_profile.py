@@ -3,6 +3,7 @@
     python benchmarks/slide_profile.py              # with the launcher's allocator tunables
     GLIBC_TUNABLES= python benchmarks/slide_profile.py --as-is   # as this process was started
     python benchmarks/slide_profile.py --skip-updates both        # ablation: the step without its Adam updates
+    python benchmarks/slide_profile.py --mode per_example         # SLIDE's own mode: m = 1,024 per example
 
 Prints the median step time, then the summed duration of each optimised-HLO instruction over the traced
 steps, per step, largest first. Thunks on the two cores overlap, so the times add up to more than the step;
@@ -33,6 +34,8 @@ def main() -> None:
                         help="run in this process as started, without the launcher's glibc tunables")
     parser.add_argument("--skip-updates", choices=("input", "output", "both"),
                         help="ablation: leave out the row-sparse Adam update of E, of W or of both")
+    parser.add_argument("--mode", choices=("shared", "per_example"), default="shared",
+                        help="candidate mode: one set of M = 8,192 per batch, or m = 1,024 per example")
     args = parser.parse_args()
     if not args.as_is:
         import slide_bench
@@ -74,7 +77,8 @@ def profile(args: argparse.Namespace) -> None:
         skip_updates(args.skip_updates, bench.NUM_FEATURES, bench.NUM_LABELS)
     state = sparse.init_state(jax.random.PRNGKey(0), bench.NUM_FEATURES, bench.NUM_LABELS, bench.HIDDEN,
                              method="lsh", lsh_spec=bench.main_job_lsh())
-    step = sparse.make_train_step("lsh", learning_rate=1e-4, num_candidates=bench.SHARED_M,
+    m = bench.SHARED_M if args.mode == "shared" else bench.PER_EXAMPLE_M
+    step = sparse.make_train_step("lsh", learning_rate=1e-4, num_candidates=m, candidate_mode=args.mode,
                                  bucket_capacity=bench.BUCKET_CAPACITY)
     batches = bench.synthetic_batches(np.random.default_rng(1), 4)
     key = jax.random.PRNGKey(2)

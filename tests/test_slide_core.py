@@ -313,6 +313,47 @@ def test_embedding_and_output_rows_outside_the_batch_are_bit_identical(optimized
         assert np.all(changed[np.unique(batch["labels"][batch["labels"] < N])])
 
 
+def test_per_example_step_equals_the_dense_gradient_and_adam_of_each_examples_own_softmax(batch):
+    # B * m = 2,048 slots over 300 labels: most rows are candidates of several examples, whose gradients the
+    # step folds onto one slot. Reference: each example's softmax over its own candidates, differentiated with
+    # respect to all of W and b, then Adam's first step on every row any example scored.
+    lr, m, capacity = 3e-2, 64, 4
+    step = sparse.make_train_step("lsh", learning_rate=lr, num_candidates=m, candidate_mode="per_example",
+                                  bucket_capacity=capacity)
+    state = sparse.init_state(jax.random.PRNGKey(5), NF, N, H, method="lsh", lsh_spec=TINY_LSH)
+    p0 = jax.tree.map(np.asarray, state.params)
+    key = jax.random.PRNGKey(6)
+
+    @jax.jit
+    def reference(params, hash_fn, tables):
+        h = model.sparse_hidden(params["input"]["embedding"], params["input"]["bias"], batch["feat_ids"],
+                                batch["feat_vals"])
+        retrieved = sparse.lsh.query(hash_fn, tables, h, capacity).reshape(B, -1)
+        labels = jnp.asarray(batch["labels"])
+        cand, mask = sparse.per_example_candidates(labels, retrieved, key, m, N)
+        targets = candidates.per_example_targets(labels, cand, N)
+        loss_fn = lambda w, b: model.softmax_xent(model.output_logits(w, b, h, cand), targets, mask)
+        loss, grads = jax.value_and_grad(loss_fn, argnums=(0, 1))(params["output"]["weight"],
+                                                                  params["output"]["bias"])
+        return loss, grads, cand, mask
+
+    loss, (g_w, g_b), cand, mask = jax.tree.map(np.asarray, reference(state.params, state.hash_fn, state.tables))
+    state, metrics = step(state, batch, key)
+    touched = np.zeros(N, bool)
+    touched[cand[mask]] = True
+    assert 200 < touched.sum() < mask.sum() // 4  # rows shared by many examples
+    np.testing.assert_allclose(float(metrics["loss"]), loss, rtol=1e-6)
+    for name, g, w0 in (("weight", g_w, p0["output"]["weight"]), ("out_bias", g_b, p0["output"]["bias"])):
+        mu = np.asarray(state.opt_state.rows.mu[name])
+        np.testing.assert_allclose(mu[touched], 0.1 * g[touched], rtol=1e-5, atol=1e-6 * np.abs(g).max())
+        np.testing.assert_array_equal(mu[~touched], 0)
+        w1 = np.asarray(state.params["output"]["weight" if name == "weight" else "bias"])
+        # Adam's first step moves each coordinate by lr * g / (|g| + eps).
+        np.testing.assert_allclose((w0 - w1)[touched], lr * g[touched] / (np.abs(g[touched]) + 1e-8), rtol=1e-4,
+                                   atol=1e-4 * lr)
+        np.testing.assert_array_equal(w1[~touched], w0[~touched])
+
+
 @pytest.mark.parametrize("name", list(STEPS))
 def test_every_method_learns_a_tiny_problem(name):
     method = "lsh" if name.startswith("lsh") else name

@@ -118,37 +118,46 @@ def per_example_candidates(
 
     Each example keeps its true labels, then the ids it retrieved from its L buckets (the union, SLIDE's
     "union" ranking), then random ids to fill up to m; within each of the three, the ids that fit are a random
-    subset. Per row: one sort of Lmax + R + m ids by (id, priority) to drop repeats, then one top_k by priority
-    plus a random fraction (top_k alone would break ties toward the lowest ids).
+    subset. The ids are listed in that order, each kept at its first listing, and the first m kept fill the
+    slots. The fill is m independent draws, so the first distinct ones are a uniformly random subset of the
+    distinct draws; retrieved ids are listed in a random order when they may not all fit (Lmax + R > m).
+    Per row: one sort of Lmax + R + m packed (id, listing) keys to find first listings, and a cumulative sum
+    to place them (a top_k by priority, single-threaded on XLA:CPU, cost several times the sort).
 
     Args:
       labels: int32 [B, Lmax] padded with num_labels; retrieved: int32 [B, R] or None; m = num_candidates.
 
     Returns:
-      ids int32 [B, m] (distinct per row, num_labels at unfilled slots) and mask bool [B, m].
+      ids int32 [B, m] (distinct per row: labels, retrieved, fill, then num_labels at unfilled slots) and
+      mask bool [B, m].
     """
     if num_candidates > num_labels:
         raise ValueError(f"num_candidates={num_candidates} exceeds num_labels={num_labels}")
     b = labels.shape[0]
     k_fill, k_order = jax.random.split(key)
-    fill = sample_labels(k_fill, (b, num_candidates), num_labels, sampler)
-    parts = [(labels, 3), (fill, 1)] + ([(retrieved, 2)] if retrieved is not None else [])
-    ids = jnp.concatenate([p for p, _ in parts], axis=1)
-    prio = jnp.concatenate([jnp.full(p.shape, v, jnp.int32) for p, v in parts], axis=1)
-    prio = jnp.where(ids < num_labels, prio, 0)
-    if (num_labels + 1) * 4 <= 2**31:
-        # (id, -priority) packed into one int32 per slot: XLA:CPU sorts a single array several times faster
+    parts = [labels, sample_labels(k_fill, (b, num_candidates), num_labels, sampler)]
+    if retrieved is not None:
+        if labels.shape[1] + retrieved.shape[1] > num_candidates:
+            order = jnp.argsort(jax.random.uniform(k_order, retrieved.shape), axis=1)
+            retrieved = jnp.take_along_axis(retrieved, order, axis=1)
+        parts.insert(1, retrieved)
+    listed = jnp.concatenate(parts, axis=1).astype(jnp.int32)
+    length = listed.shape[1]
+    listing = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), listed.shape)
+    listing_bits = (length - 1).bit_length()
+    if (num_labels + 1) << listing_bits <= 2**31:
+        # (id, listing) packed into one int32 per slot: XLA:CPU sorts a single array several times faster
         # than a two-key sort (see unique_rows); the order is the same.
-        keys = jnp.sort(ids * 4 + (3 - prio), axis=1)
-        ids, prio = keys >> 2, 3 - (keys & 3)
+        keys = jnp.sort((listed << listing_bits) | listing, axis=1)
+        ids, at = keys >> listing_bits, keys & ((1 << listing_bits) - 1)
     else:
-        ids, neg_prio = jax.lax.sort((ids, -prio), dimension=1, num_keys=2)
-        prio = -neg_prio
-    first = jnp.concatenate([jnp.ones((b, 1), bool), ids[:, 1:] != ids[:, :-1]], axis=1)
-    tie_break = jax.random.uniform(k_order, ids.shape, maxval=0.5)
-    priority, pos = jax.lax.top_k(jnp.where(first & (prio > 0), prio + tie_break, 0.0), num_candidates)
-    mask = priority > 0
-    return jnp.where(mask, jnp.take_along_axis(ids, pos, axis=1), num_labels), mask
+        ids, at = jax.lax.sort((listed, listing), dimension=1, num_keys=2)
+    first = jnp.concatenate([jnp.ones((b, 1), bool), ids[:, 1:] != ids[:, :-1]], axis=1) & (ids < num_labels)
+    example = jnp.broadcast_to(jnp.arange(b, dtype=jnp.int32)[:, None], listed.shape)
+    kept = jnp.zeros(listed.shape, bool).at[example, at].set(first, unique_indices=True)
+    slot = jnp.where(kept, jnp.cumsum(kept, axis=1, dtype=jnp.int32) - 1, num_candidates)
+    ids = jnp.full((b, num_candidates), num_labels, jnp.int32).at[example, slot].set(listed, mode="drop")
+    return ids, ids < num_labels
 
 
 def unique_rows(ids: jax.Array, num_rows: int, size: int | None = None) -> tuple[jax.Array, jax.Array]:
@@ -183,6 +192,24 @@ def unique_rows(ids: jax.Array, num_rows: int, size: int | None = None) -> tuple
     else:
         inverse = jnp.searchsorted(rows, flat).astype(jnp.int32)  # rows ascending: an id's first row
     return rows, inverse.reshape(ids.shape)
+
+
+def first_slots(ids: jax.Array, num_rows: int) -> tuple[jax.Array, jax.Array]:
+    """Repeated ids folded onto the first slot that holds them, without sorting: for the per-example step,
+    whose B * m candidate slots share rows across examples.
+
+    ids: int32 [...] in [0, num_rows] (num_rows is padding). Returns rows int32 [ids.size], each distinct
+    real id at the first (flat) slot holding it and num_rows at every other slot, and first int32 [ids.shape],
+    the flat slot of each slot's first occurrence (rows[first] == ids where ids < num_rows).
+
+    One scatter-min of slot numbers into a [num_rows + 1] int32 array and one gather: O(num_rows) memory (the
+    shared candidates' score array is as large), where `unique_rows` would sort the B * m slots (with two
+    keys once id and slot no longer fit one uint32, as 670,091 labels x 131,072 slots do not).
+    """
+    flat = ids.ravel()
+    slot = jnp.arange(flat.size, dtype=jnp.int32)
+    first = jnp.full(num_rows + 1, flat.size, jnp.int32).at[flat].min(slot)[flat]
+    return jnp.where((first == slot) & (flat < num_rows), flat, num_rows), first.reshape(ids.shape)
 
 
 def shared_targets(labels: jax.Array, candidates: jax.Array, num_labels: int) -> jax.Array:

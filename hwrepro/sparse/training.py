@@ -17,8 +17,11 @@ What makes a sparse step cheap, and is kept that way on purpose:
 - the output layer is differentiated with respect to the gathered candidate rows only (one gather of W and
   b per step), never with respect to the whole W;
 - E, W and b are updated with the row-sparse Adam (hwrepro.sparse.sparse_adam), whose scatters run in place because
-  the step donates the state (bfloat16 tables are kept as uint16 bits for that); candidate ids are ascending,
-  so gathers and scatters walk the tables in memory order; only the hidden bias uses a dense optax Adam;
+  the step donates the state (bfloat16 tables are kept as uint16 bits for that); shared candidate ids are
+  ascending, so gathers and scatters walk the tables in memory order; only the hidden bias uses a dense optax Adam;
+- per-example candidates (B * m slots, many ids in several examples) fold each id's gradient rows onto its
+  first slot (`first_slots`: one scatter-min into an [num_labels + 1] array, no sort of the slots), and the
+  Adam reads the rows gathered for the logits;
 - candidate selection costs O(num_labels) in float32 counters (one zeroed score array and one top_k), which
   is ~128x less traffic than one pass over W, and nothing in a step is O(num_labels * hidden).
 """
@@ -36,8 +39,8 @@ import optax
 from hwrepro.sparse import lsh
 from hwrepro.sparse import sparse_adam
 from hwrepro.models import sparse_layers as model
-from hwrepro.sparse.candidates import (CANDIDATE_MODES, SAMPLERS, batch_shared_candidates, per_example_candidates,
-                                      per_example_targets, shared_targets, unique_rows)
+from hwrepro.sparse.candidates import (CANDIDATE_MODES, SAMPLERS, batch_shared_candidates, first_slots,
+                                      per_example_candidates, per_example_targets, shared_targets, unique_rows)
 
 METHODS = ("lsh", "sampled", "dense")
 
@@ -185,10 +188,11 @@ def refile(state: SlideState, key: jax.Array) -> SlideState:
 
 
 def changed_rows_per_step(candidate_mode: str, num_candidates: int, batch_size: int, num_labels: int) -> int:
-    """How many row ids of W a sparse step notes as changed (padding included): the `pending_rows` of
-    init_state for one step between refiles."""
+    """How many row ids of W a sparse step notes as changed (padding included: per example, every one of the
+    B * m slots, a repeated id counting as padding): the `pending_rows` of init_state for one step between
+    refiles. num_labels is not needed; kept for callers."""
     _check(candidate_mode, CANDIDATE_MODES, "candidate_mode")
-    return num_candidates if candidate_mode == "shared" else min(batch_size * num_candidates, num_labels + 1)
+    return num_candidates if candidate_mode == "shared" else batch_size * num_candidates
 
 
 @functools.partial(jax.jit, donate_argnums=0)
@@ -311,19 +315,19 @@ def _sparse_step(
 
     rows = cand
     if not shared:
-        # Examples share output neurons: sum their gradient rows per unique id before the Adam update.
-        size = min(cand.size, num_labels + 1)
-        rows, slot = unique_rows(cand, num_labels, size)
-        g_w = jax.ops.segment_sum(g_w.reshape(cand.size, -1), slot.ravel(), size)
-        g_b = jax.ops.segment_sum(g_b.ravel(), slot.ravel(), size)
+        # Examples share output neurons: each id's gradient rows are summed onto the first of its B * m slots,
+        # which the Adam then updates (the other slots are padding). Slots stay where they are, so the rows
+        # gathered for the logits are the Adam's current rows: no sort, no second gather of W.
+        rows, first = first_slots(cand, num_labels)
+        g_w = jax.ops.segment_sum(g_w.reshape(cand.size, -1), first.ravel(), cand.size)
+        g_b = jax.ops.segment_sum(g_b.ravel(), first.ravel(), cand.size)
+        w_rows, b_rows = w_rows.reshape(cand.size, -1), b_rows.ravel()
 
-    # Shared candidates are the updated rows, already gathered; per-example ones were gathered per slot.
-    w_now, b_now = (w_rows, b_rows) if shared else (None, None)
     tables, opt_rows = row_opt.update(
         {"embedding": g_e, "weight": g_w, "out_bias": g_b},
         {"embedding": feat_rows, "weight": rows, "out_bias": rows},
         state.opt_state.rows, row_tables(state.params),
-        {"embedding": e_rows, "weight": w_now, "out_bias": b_now})
+        {"embedding": e_rows, "weight": w_rows, "out_bias": b_rows})
     hb_updates, opt_hb = hidden_opt.update(g_hb, state.opt_state.hidden_bias)
     params = {"input": {"embedding": tables["embedding"], "bias": optax.apply_updates(p_in["bias"], hb_updates)},
               "output": {"weight": tables["weight"], "bias": tables["out_bias"]}}
