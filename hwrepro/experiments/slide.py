@@ -20,7 +20,7 @@ from hwrepro import data as hwdata
 from hwrepro import sparse
 from hwrepro.errors import ConfigError
 from hwrepro.harness import numerics, parallel
-from hwrepro.harness.loop import fit
+from hwrepro.harness.loop import fit, snapshotter
 from hwrepro.harness.progress import Progress
 from hwrepro.harness.records import Run
 from hwrepro.sparse import lsh, sharded
@@ -39,10 +39,11 @@ ONE_DEVICE = types.SimpleNamespace(
 
 def validate(config: ml_collections.ConfigDict) -> None:
     m, d = config.model, config.data
-    hwdata.get(d.dataset, "labels")
-    if d.source not in ("auto", "synthetic"):
-        raise ConfigError(f"data.source={d.source!r} is not one of 'auto' (the files under data.dir, or the "
-                          "synthetic stand-in when data.dir is empty), 'synthetic'")
+    sources = hwdata.get(d.dataset, "labels").sources
+    if d.source not in sources:
+        raise ConfigError(f"data.source={d.source!r} is not one of {', '.join(map(repr, sources))} for "
+                          f"data.dataset={d.dataset!r} ('auto': the files under data.dir, or the synthetic "
+                          "stand-in when data.dir is empty)")
     FAMILIES.get(config.lsh.kind, "lsh.kind")
     FAMILIES.get(config.eval.lsh.kind, "eval.lsh.kind")
     checks = [("model.method", m.method, sparse.METHODS),
@@ -219,10 +220,13 @@ def run(config: ml_collections.ConfigDict, rec: Run):
         timing["eval_seconds"] += time.time() - t
         return out
 
+    snapshots = config.train.checkpoints  # parameters kept in trajectory.npz (e.g. word vectors to inspect)
     state = fit(state, train_step, data.train_batches(), num_steps=num_steps,
                 examples_per_step=config.train.batch_size, rec=rec, log_every=config.train.log_every,
                 steps_per_epoch=data.steps_per_epoch, eval_fn=eval_subset, eval_every=config.train.eval_every,
-                after_step=after_step, checkpoint_every=config.train.checkpoint_every,
+                after_step=after_step, snapshot_every=max(num_steps // snapshots, 1) if snapshots else 0,
+                snapshot_fn=snapshotter(rec, lambda s: ops.model_params(s.params)),
+                checkpoint_every=config.train.checkpoint_every,
                 checkpoint_keep=config.train.checkpoint_keep, host=timing)
     train_seconds = timing.pop("train_seconds")
 
