@@ -265,26 +265,48 @@ def test_mesh_that_does_not_fit_is_one_config_error(overrides, message):
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
+def _tiny_config_file(tmp_path: Path, epochs: int) -> Path:
+    config = tmp_path / f"tiny{epochs}.py"
+    config.write_text(f"import sys\nsys.path.insert(0, {str(REPO / 'tests')!r})\n"
+                      "from test_slide_experiment import tiny_config\n\ndef get_config():\n"
+                      f"    c = tiny_config('lsh')\n    c.train.num_epochs = {epochs}\n    return c\n")
+    return config
+
+
+TWO_PROCESSES = ("--config.parallel.processes=2", "--config.numerics.cpu_devices=1", "--config.parallel.model=2")
+
+
 @pytest.mark.slow
 def test_launch_with_two_model_shards_matches_the_single_device_run(tmp_path, run_launch):
     """The user's path: the tiny SLIDE config on one device and on parallel.model=2 (2 CPU devices, in the
     launcher's child process). Dense: the same P@k; lsh: P@1 within a few standard errors (each shard picks
-    its own candidates, so the random negatives differ)."""
-    config = tmp_path / "tiny.py"
-    config.write_text(f"import sys\nsys.path.insert(0, {str(REPO / 'tests')!r})\n"
-                      "from test_slide_experiment import tiny_config\n\ndef get_config():\n"
-                      "    c = tiny_config('lsh')\n    c.train.num_epochs = 2\n    return c\n")
+    its own candidates, so the random negatives differ). lsh over two local processes (jax.distributed on
+    loopback, gloo): the one-process mesh's final.json scores and parameter bits, hashed from the gathered
+    parameters by both processes; process 1 keeps its own record under process-1/."""
+    config = _tiny_config_file(tmp_path, 2)
+    runs = [(method, name, extra) for method in ("dense", "lsh") for name, extra in (
+        ("one", ()), ("two", ("--config.parallel.model=2", "--config.numerics.cpu_devices=2")))]
     finals = {}
-    for method in ("dense", "lsh"):
-        for name, extra in (("one", []), ("two", ["--config.parallel.model=2", "--config.numerics.cpu_devices=2"])):
-            proc = run_launch(f"--config={config}", f"--workdir={tmp_path / (method + name)}",
-                              f"--config.model.method={method}", *extra)
-            assert proc.returncode == 0, proc.stderr[-2000:]
-            finals[method, name] = json.loads((tmp_path / (method + name) / "final.json").read_text())
+    for method, name, extra in runs + [("lsh", "processes", TWO_PROCESSES)]:
+        proc = run_launch(f"--config={config}", f"--workdir={tmp_path / (method + name)}",
+                          f"--config.model.method={method}", *extra)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        finals[method, name] = json.loads((tmp_path / (method + name) / "final.json").read_text())
     for k in (1, 3, 5):
         assert finals["dense", "one"][f"test_P@{k}"] == pytest.approx(finals["dense", "two"][f"test_P@{k}"], abs=2e-3)
     p = finals["lsh", "one"]["test_P@1"]
     assert abs(finals["lsh", "two"]["test_P@1"] - p) < 4 * (p * (1 - p) / 1000) ** 0.5
+
+    def scores(final):  # P@k and the share of labels scored (not the evaluations' seconds)
+        return {k: v for k, v in final.items() if k.startswith("test_") and not k.endswith("seconds")}
+    two, processes = finals["lsh", "two"], finals["lsh", "processes"]
+    assert processes["param_sha256"] == two["param_sha256"]
+    assert scores(processes) == scores(two) and "test_P@1" in scores(two)
+    workdir = tmp_path / "lshprocesses"
+    assert json.loads((workdir / "process-1" / "final.json").read_text())["param_sha256"] == two["param_sha256"]
+    run = json.loads((workdir / "run.json").read_text())
+    assert run["parallel"]["process_count"] == 2 and run["parallel"]["cpu_collectives"] == "gloo"
+    assert (workdir / "process-0" / "output.txt").stat().st_size > 0
 
 
 def test_a_process_knows_its_place_from_the_launcher_or_the_cluster(monkeypatch):
@@ -303,40 +325,6 @@ def test_a_process_knows_its_place_from_the_launcher_or_the_cluster(monkeypatch)
     assert parallel.cluster() == parallel.Place(3, 4, "auto")
 
 
-def _tiny_config_file(tmp_path: Path, epochs: int) -> Path:
-    config = tmp_path / f"tiny{epochs}.py"
-    config.write_text(f"import sys\nsys.path.insert(0, {str(REPO / 'tests')!r})\n"
-                      "from test_slide_experiment import tiny_config\n\ndef get_config():\n"
-                      f"    c = tiny_config('lsh')\n    c.train.num_epochs = {epochs}\n    return c\n")
-    return config
-
-
-TWO_PROCESSES = ("--config.parallel.processes=2", "--config.numerics.cpu_devices=1", "--config.parallel.model=2")
-
-
-@pytest.mark.slow
-def test_two_local_processes_end_with_the_one_process_runs_bits(tmp_path, run_launch):
-    """parallel.processes=2 (jax.distributed on loopback, gloo) against one process with two CPU devices:
-    the same mesh, so the same final.json metrics and parameter bits, hashed from the gathered parameters by
-    both processes; process 1 keeps its own record under process-1/."""
-    config = _tiny_config_file(tmp_path, 1)
-    finals = {}
-    for name, extra in (("one", ("--config.parallel.model=2", "--config.numerics.cpu_devices=2")),
-                        ("two", TWO_PROCESSES)):
-        proc = run_launch(f"--config={config}", f"--workdir={tmp_path / name}", *extra)
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        finals[name] = json.loads((tmp_path / name / "final.json").read_text())
-    assert finals["two"]["param_sha256"] == finals["one"]["param_sha256"]
-    def scores(final):  # P@k and the share of labels scored (not the evaluations' seconds)
-        return {k: v for k, v in final.items() if k.startswith("test_") and not k.endswith("seconds")}
-    assert scores(finals["two"]) == scores(finals["one"]) and "test_P@1" in scores(finals["one"])
-    assert json.loads((tmp_path / "two" / "process-1" / "final.json").read_text())["param_sha256"] == \
-        finals["one"]["param_sha256"]
-    run = json.loads((tmp_path / "two" / "run.json").read_text())
-    assert run["parallel"]["process_count"] == 2 and run["parallel"]["cpu_collectives"] == "gloo"
-    assert (tmp_path / "two" / "process-0" / "output.txt").stat().st_size > 0
-
-
 def _running(folder: Path) -> bool:
     """Whether a run's process (hwrepro.harness.process FOLDER...) is alive."""
     return subprocess.run(["pgrep", "-f", f"hwrepro.harness.process {folder}"], capture_output=True).returncode == 0
@@ -351,7 +339,7 @@ def test_a_dead_process_ends_the_others_with_a_clear_error(tmp_path):
     from conftest import launch_process
 
     workdir = tmp_path / "run"
-    proc = launch_process(f"--config={_tiny_config_file(tmp_path, 50)}", f"--workdir={workdir}", *TWO_PROCESSES)
+    proc = launch_process(f"--config={_tiny_config_file(tmp_path, 20)}", f"--workdir={workdir}", *TWO_PROCESSES)
     try:
         deadline = time.time() + 120
         while not (workdir / "process-1" / "metrics.jsonl").exists() or \
