@@ -154,8 +154,8 @@ def run_mesh(mesh: str, method: str, steps: int, platform: str = "cpu") -> dict:
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         env=dict(env, **({parallel.PROCESS_ENV: parallel.Place(i, processes, coordinator).env()}
                          if processes > 1 else {}),
-                 **({"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in range(i * per, (i + 1) * per))}
-                    if platform == "gpu" and processes > 1 else {}))) for i in range(processes)]
+                 **({"CUDA_VISIBLE_DEVICES": parallel.own_gpus(i, per)} if platform == "gpu" and processes > 1
+                    else {}))) for i in range(processes)]
     outputs = [p.communicate(timeout=1800) for p in procs]
     results = [json.loads(line[7:]) for out, _ in outputs for line in out.splitlines() if line.startswith("RESULT ")]
     if len(results) < processes:

@@ -137,8 +137,8 @@ def predictor(config: ml_collections.ConfigDict, state: sparse.SlideState, use_l
     params, hash_fn, tables = state.params, state.hash_fn, state.tables
     if e.tables == "inference":
         params = ops.model_params(params)
-        if ops is not ONE_DEVICE:  # the mesh's shards gathered (to the host), onto this process's device
-            params = jax.tree_util.tree_map(jax.numpy.asarray, jax.device_get(params))
+        if ops is not ONE_DEVICE:  # the mesh's shards, gathered to the host: onto this process's device, once
+            params = jax.tree_util.tree_map(jax.numpy.asarray, params)
         out = params["output"]
         hash_fn, tables = sparse.inference_tables(out["weight"], out["bias"], lsh_spec(config, "eval.lsh"),
                                                   jax.random.key(config.seed))

@@ -36,8 +36,7 @@ def launch(config: ml_collections.ConfigDict, workdir: str | None = None, shard:
             raise ConfigError(f"parallel.processes={config.parallel.processes} but this allocation has {task.count} "
                               "tasks")
         # Slurm / Open MPI: this task is one process of the run; task 0 keeps the run's record in workdir.
-        workdir = workdir if task.index == 0 else workdir / f"process-{task.index}"
-        workdir.mkdir(parents=True, exist_ok=True)
+        workdir = workdir if task.index == 0 else workdir / f"process-{task.index}"  # made when it is locked
         os.environ[parallel.PROCESS_ENV] = task.env()
     if "jax" in sys.modules or numerics.needs_fresh_process(config.numerics) or parallel.place():
         runner.validate(config)  # the shared fields, here; the child checks the experiment's own

@@ -14,6 +14,7 @@ import sys
 from typing import Any, Mapping
 
 from hwrepro.errors import ConfigError, PlatformUnavailable
+from hwrepro.harness import parallel
 
 PLATFORMS = ("cpu", "gpu")
 DTYPES = ("fp32", "bf16")
@@ -137,8 +138,6 @@ def apply_before_jax(n: Mapping[str, Any]) -> None:
 def own_cores(cores: list[int], threads: int) -> list[int]:
     """The `threads` cores of `cores` this process runs on: the first ones, or process i's own slice in a
     run over several processes on one machine (hwrepro.harness.parallel), so they do not share cores."""
-    from hwrepro.harness import parallel
-
     where = parallel.place()
     first = (where.index * threads) % len(cores) if where else 0
     return (cores[first:] + cores[:first])[:threads]

@@ -126,6 +126,11 @@ def cluster() -> Place | None:
     return None
 
 
+def own_gpus(index: int, per_process: int) -> str:
+    """CUDA_VISIBLE_DEVICES for process `index` of a run on one machine with `per_process` GPUs each."""
+    return ",".join(str(g) for g in range(index * per_process, (index + 1) * per_process))
+
+
 def initialize() -> None:
     """Joins this process to the others of its run with jax.distributed (before JAX's backend starts); does
     nothing in a one-process run. A peer that dies ends this process within about HEARTBEAT_SECONDS."""

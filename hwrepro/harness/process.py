@@ -33,7 +33,7 @@ from typing import Iterator
 import ml_collections
 
 from hwrepro.errors import ConfigError, HwreproError
-from hwrepro.harness import interrupts, numerics, records, runner
+from hwrepro.harness import interrupts, numerics, parallel, records, runner
 
 _PARENT_ENV = "HWREPRO_PARENT_PID"
 
@@ -47,14 +47,9 @@ def run_in_child(config: ml_collections.ConfigDict, workdir: Path, stdout=None, 
     workdir = Path(workdir)
     lock = records.lock_workdir(workdir)
     try:
-        if not records.Run.prepare(workdir, config):
-            records.write_config(workdir, config)
-        cmd = [sys.executable, "-m", "hwrepro.harness.process", str(workdir)]
-        # Start-up settings go in the child's environment; it applies the other numerics itself, before its JAX.
-        env = numerics.startup_environment(config.numerics, os.environ)
-        env["PYTHONPATH"] = _python_path(env)
-        env[_PARENT_ENV] = str(os.getpid())
-        child = subprocess.Popen(cmd, env=env, stdout=stdout, stderr=stderr, pass_fds=(lock,), process_group=0)
+        _prepare(workdir, config)
+        child = subprocess.Popen(_command(workdir), env=_environment(config), stdout=stdout, stderr=stderr,
+                                 pass_fds=(lock,), process_group=0)
         with _forwarding_signals(child) as forwarded:
             code = child.wait()
         if code < 0 and records.status_of(workdir) == "running":
@@ -77,27 +72,22 @@ def run_processes(config: ml_collections.ConfigDict, workdir: Path) -> int:
     workdir/process-<i>/output.txt (process 0's is shown here too). When one process ends without success the
     others are stopped (SIGTERM, then SIGKILL after STOP_SECONDS) and run.json says which one and why.
     """
-    from hwrepro.harness import parallel
-
     workdir = Path(workdir)
     count = config.parallel.processes
-    folders = [workdir] + [workdir / f"process-{i}" for i in range(1, count)]
     coordinator = f"127.0.0.1:{_free_port()}"
-    env = numerics.startup_environment(config.numerics, os.environ)
-    env["PYTHONPATH"] = _python_path(env)
-    env[_PARENT_ENV] = str(os.getpid())
+    env = _environment(config)
     lock = records.lock_workdir(workdir)
     try:
         with contextlib.ExitStack() as outputs:
             children = []
-            for i, folder in enumerate(folders):
-                folder.mkdir(exist_ok=True)
-                records.Run.prepare(folder, config)
-                records.write_config(folder, config)
-                (workdir / f"process-{i}").mkdir(exist_ok=True)
-                output = outputs.enter_context(open(workdir / f"process-{i}" / "output.txt", "ab"))
+            for i in range(count):
+                own = workdir / f"process-{i}"  # its output; process i > 0 also keeps its record there
+                own.mkdir(exist_ok=True)
+                folder = workdir if i == 0 else own
+                _prepare(folder, config)
+                output = outputs.enter_context(open(own / "output.txt", "ab"))
                 children.append(subprocess.Popen(
-                    [sys.executable, "-m", "hwrepro.harness.process", str(folder)], pass_fds=(lock,),
+                    _command(folder), pass_fds=(lock,),
                     env=dict(env, **{parallel.PROCESS_ENV: parallel.Place(i, count, coordinator).env()},
                              **_gpus_of(config, i)),
                     stdout=subprocess.PIPE if i == 0 else output, stderr=subprocess.STDOUT, process_group=0))
@@ -125,12 +115,31 @@ def run_processes(config: ml_collections.ConfigDict, workdir: Path) -> int:
 STOP_SECONDS = 10
 
 
+def _prepare(folder: Path, config: ml_collections.ConfigDict) -> None:
+    """Run.prepare for a child's folder (locked by the caller), and its config.json unless it resumes."""
+    if not records.Run.prepare(folder, config):
+        records.write_config(folder, config)
+
+
+def _command(folder: Path) -> list[str]:
+    return [sys.executable, "-m", "hwrepro.harness.process", str(folder)]
+
+
+def _environment(config: ml_collections.ConfigDict) -> dict[str, str]:
+    """A child's environment: the start-up settings of its numerics (it applies the others itself, before its
+    JAX), this checkout on its path, this process as its parent."""
+    env = numerics.startup_environment(config.numerics, os.environ)
+    env["PYTHONPATH"] = _python_path(env)
+    env[_PARENT_ENV] = str(os.getpid())
+    return env
+
+
 def _gpus_of(config: ml_collections.ConfigDict, index: int) -> dict[str, str]:
     """On a GPU machine, process `index`'s share of the GPUs (CUDA_VISIBLE_DEVICES), unless the user chose."""
     if config.numerics.platform != "gpu" or "CUDA_VISIBLE_DEVICES" in os.environ:
         return {}
     per = config.parallel.model * config.parallel.data // config.parallel.processes
-    return {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in range(index * per, (index + 1) * per))}
+    return {"CUDA_VISIBLE_DEVICES": parallel.own_gpus(index, per)}
 
 
 def _wait_all(children: list[subprocess.Popen]) -> tuple[list[int], int | None]:
