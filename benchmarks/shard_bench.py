@@ -11,11 +11,12 @@ Each mesh runs in its own child process with JAX_NUM_CPU_DEVICES = data * model 
 it starts); `DxM@C` pins that child to C cores; `DxM/P` runs the mesh over P local processes joined by
 jax.distributed on loopback (CPU collectives over gloo; hwrepro.harness.parallel), each with D * M / P
 devices, and reports process 0's step time (`DxM@C/P`: process i pinned to cores [i C, (i + 1) C)). Per
-device, "output layer" is W, b and their row-Adam moments, "tables" the LSH tables, read from the arrays' addressable shards. Bytes sent: computed from the
-shapes (hwrepro.sparse.sharded's docstring lists the collectives), and measured as the result sizes of the
-all-gather / all-reduce ops in the compiled step's HLO (a 1-device mesh keeps trivial all-reduces that move
-nothing); over processes also as the loopback interface's bytes during the timed steps. Batches are
-random (feature and label ids uniform): timing, not learning. Results: docs/benchmarks.md, "The sharded step".
+device, "output layer" is W, b and their row-Adam moments, "tables" the LSH tables, read from the arrays'
+addressable shards. Bytes sent: computed from the shapes (hwrepro.sparse.sharded's docstring lists the
+collectives), and measured as the result sizes of the all-gather / all-reduce ops in the compiled step's HLO
+(a 1-device mesh keeps trivial all-reduces that move nothing); over processes also as the loopback
+interface's bytes during the timed steps. Batches are random (feature and label ids uniform): timing, not
+learning. Results: docs/benchmarks.md, "The sharded step".
 """
 
 from __future__ import annotations
@@ -140,10 +141,9 @@ def run_mesh(mesh: str, method: str, steps: int, platform: str = "cpu") -> dict:
     """One mesh "DxM[@C][/P]" in fresh child processes; process 0's result, with every process's devices'
     memory merged in (or {"error": ...})."""
     from hwrepro.harness import parallel
-    from hwrepro.harness.process import _free_port
 
     data, model, _, processes = parse_mesh(mesh)
-    coordinator = f"127.0.0.1:{_free_port()}"
+    coordinator = parallel.local_coordinator()
     per = data * model // processes
     env = dict(os.environ, JAX_PLATFORMS="cuda" if platform == "gpu" else "cpu")
     if platform == "cpu":

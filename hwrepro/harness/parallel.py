@@ -19,6 +19,7 @@ mesh, which then spans devices this process cannot read.
 from __future__ import annotations
 
 import os
+import socket
 from typing import Any, Mapping, NamedTuple
 
 from hwrepro.errors import ConfigError
@@ -124,6 +125,13 @@ def cluster() -> Place | None:
         if int(os.environ.get(size, "1")) > 1 and rank in os.environ:
             return Place(int(os.environ[rank]), int(os.environ[size]), "auto")
     return None
+
+
+def local_coordinator() -> str:
+    """"127.0.0.1:PORT" with a port free now: where the processes of a run on this machine meet."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
 
 
 def own_gpus(index: int, per_process: int) -> str:

@@ -21,7 +21,6 @@ import ctypes
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -74,7 +73,7 @@ def run_processes(config: ml_collections.ConfigDict, workdir: Path) -> int:
     """
     workdir = Path(workdir)
     count = config.parallel.processes
-    coordinator = f"127.0.0.1:{_free_port()}"
+    coordinator = parallel.local_coordinator()
     env = _environment(config)
     lock = records.lock_workdir(workdir)
     try:
@@ -176,12 +175,6 @@ def _tee(source, copy) -> None:
         sys.stdout.buffer.flush()
         copy.write(chunk)
         copy.flush()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _python_path(env) -> str:
