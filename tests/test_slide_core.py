@@ -180,7 +180,7 @@ def test_batch_shared_candidates_contain_labels_are_unique_and_fixed_size(batch)
         assert 250 in real
         assert mask.sum() > 0.8 * M  # the random fill filled most of the rest
     per_ids, per_mask = per_example_candidates(labels, jnp.asarray(retrieved.reshape(B, -1)),
-                                                     jax.random.PRNGKey(2), 16, N)
+                                               jax.random.PRNGKey(2), 16, N).as_rows(N)
     for row, m_row, lab in zip(np.asarray(per_ids), np.asarray(per_mask), batch["labels"]):
         assert len(np.unique(row[m_row])) == m_row.sum() and set(lab[lab < N].tolist()) <= set(row[m_row].tolist())
 
@@ -192,7 +192,7 @@ def test_per_example_candidates_rank_labels_then_retrieved_then_fill(num_labels)
     labels[0, 1:] = num_labels  # padding
     retrieved = rng.integers(0, 40, (6, 10)).astype(np.int32)
     ids, mask = per_example_candidates(jnp.asarray(labels), jnp.asarray(retrieved), jax.random.PRNGKey(3), 12,
-                                       num_labels)
+                                       num_labels).as_rows(num_labels)
     for row, m_row, lab, ret in zip(np.asarray(ids), np.asarray(mask), labels, retrieved):
         real = row[m_row]
         assert m_row.sum() == 12 and len(np.unique(real)) == 12 and np.all(row[~m_row] == num_labels)
@@ -213,9 +213,13 @@ def test_random_fill_that_fits_is_spread_over_all_ids():
     assert len(fill) > 350 and 3500 < np.median(fill) < 6500 and fill.max() > 9000
     # Per example: 20 retrieved ids, 30 slots left for 50 draws, in each of 64 rows.
     retrieved = jnp.asarray(rng.integers(0, 20, (64, 20)), jnp.int32)
-    ids, mask = per_example_candidates(jnp.full((64, 2), n, jnp.int32), retrieved, jax.random.PRNGKey(8), 50, n)
-    fill = np.asarray(ids)[np.asarray(mask) & (np.asarray(ids) >= 20)]
-    assert len(fill) > 64 * 25 and 0.4 < np.mean(fill > n // 2) < 0.6
+    # The fill is one draw for the batch: each row takes its first draws that are not its own ids.
+    sets = per_example_candidates(jnp.full((64, 2), n, jnp.int32), retrieved, jax.random.PRNGKey(8), 50, n)
+    ids, mask = (np.asarray(a) for a in sets.as_rows(n))
+    fill = ids[mask & (ids >= 20)]
+    assert len(fill) > 64 * 25 and len(np.unique(fill)) <= 50 and np.all(np.sum(mask, axis=1) == 50)
+    drawn = np.asarray(sets.fill)[np.asarray(sets.fill) < n]
+    assert np.all(np.isin(np.unique(fill), drawn)) and fill.max() > 0.8 * n and fill.min() < 0.2 * n
 
 
 def test_retrieved_ids_tied_at_the_cut_are_a_random_subset():
@@ -330,7 +334,7 @@ def test_per_example_step_equals_the_dense_gradient_and_adam_of_each_examples_ow
                                 batch["feat_vals"])
         retrieved = sparse.lsh.query(hash_fn, tables, h, capacity).reshape(B, -1)
         labels = jnp.asarray(batch["labels"])
-        cand, mask = sparse.per_example_candidates(labels, retrieved, key, m, N)
+        cand, mask = sparse.per_example_candidates(labels, retrieved, key, m, N).as_rows(N)
         targets = candidates.per_example_targets(labels, cand, N)
         loss_fn = lambda w, b: model.softmax_xent(model.output_logits(w, b, h, cand), targets, mask)
         loss, grads = jax.value_and_grad(loss_fn, argnums=(0, 1))(params["output"]["weight"],
@@ -382,7 +386,8 @@ def test_every_method_learns_a_tiny_problem(name):
 def test_incremental_tables_follow_the_rows_each_step_changed(name, batch):
     # Tables of buckets large enough never to overflow: after refile they hold what a full build would.
     per_step = sparse.changed_rows_per_step("per_example" if name == "lsh_per_example" else "shared",
-                                            64 if name == "lsh_per_example" else M, B, N)
+                                            64 if name == "lsh_per_example" else M, B,
+                                            LMAX + TINY_LSH.num_tables * 4)  # labels + retrieved per example
     state = sparse.init_state(jax.random.PRNGKey(12), NF, N, H, method="lsh", lsh_spec=TINY_LSH,
                               table_capacity=N, pending_rows=2 * per_step)
     w0 = np.asarray(state.params["output"]["weight"])

@@ -7,6 +7,8 @@ explicit PRNG keys; nothing here knows of parameters or optimizers.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 
@@ -106,6 +108,30 @@ def batch_shared_candidates(
     return ids, ids < num_labels
 
 
+class PerExample(NamedTuple):
+    """Candidate sets per example (SLIDE's own mode), in two parts: each example's own ids, and a random fill
+    drawn once for the batch of which each example takes what it needs.
+
+    own: int32 [B, W] (W = Lmax + R): the example's labels, then the ids it retrieved, each distinct id at
+        its first listing and num_labels elsewhere (at most m real ids per row).
+    fill: int32 [m]: the batch's random draw; num_labels at repeats and at ids no example takes.
+    fill_mask: bool [B, m]: the fill ids example b takes, the first m - (its own ids) not already its own.
+
+    Example b's set is own[b] (real ids) with fill[fill_mask[b]]: m distinct ids when enough are drawn.
+    `as_rows()` lays it out as one [B, W + m] row per example.
+    """
+
+    own: jax.Array
+    fill: jax.Array
+    fill_mask: jax.Array
+
+    def as_rows(self, num_labels: int) -> tuple[jax.Array, jax.Array]:
+        """ids int32 [B, W + m] (num_labels at unused slots) and mask bool [B, W + m]: each example's set."""
+        fill = jnp.where(self.fill_mask, self.fill, num_labels)
+        ids = jnp.concatenate([self.own, fill], axis=1)
+        return ids, ids < num_labels
+
+
 def per_example_candidates(
     labels: jax.Array,
     retrieved: jax.Array | None,
@@ -113,38 +139,40 @@ def per_example_candidates(
     num_candidates: int,
     num_labels: int,
     sampler: str = "uniform",
-) -> tuple[jax.Array, jax.Array]:
-    """A candidate set per example, [B, m] (SLIDE's own mode).
+) -> PerExample:
+    """A candidate set of m ids per example (SLIDE's own mode).
 
     Each example keeps its true labels, then the ids it retrieved from its L buckets (the union, SLIDE's
     "union" ranking), then random ids to fill up to m; within each of the three, the ids that fit are a random
-    subset. The ids are listed in that order, each kept at its first listing, and the first m kept fill the
-    slots. The fill is m independent draws, so the first distinct ones are a uniformly random subset of the
-    distinct draws; retrieved ids are listed in a random order when they may not all fit (Lmax + R > m).
-    Per row: one sort of Lmax + R + m packed (id, listing) keys to find first listings, and a cumulative sum
-    to place them (a top_k by priority, single-threaded on XLA:CPU, cost several times the sort).
+    subset. The fill is one draw of m ids for the whole batch, in the same order for every example (the
+    negatives of TF's sampled softmax are shared the same way), each example taking its first ids that are
+    not already its own: a step then scores each example's own ids row by row and the fill as one [B, H] x
+    [H, m] product, and the fill adds at most m rows to the Adam, where m independent draws per example made
+    B * m (~118,000 of W's rows at Amazon-670K's batch 128, m = 1,024) and every slot a row gather.
+    The first distinct draws are a uniformly random subset of the distinct draws; retrieved ids are listed in
+    a random order when they may not all fit (Lmax + R > m). Own ids: one sort per row of Lmax + R packed
+    (id, listing) keys finds first listings; the fill's overlap with them: one scatter into [B, m].
 
     Args:
       labels: int32 [B, Lmax] padded with num_labels; retrieved: int32 [B, R] or None; m = num_candidates.
 
     Returns:
-      ids int32 [B, m] (distinct per row: labels, retrieved, fill, then num_labels at unfilled slots) and
-      mask bool [B, m].
+      PerExample(own int32 [B, Lmax + R], fill int32 [m], fill_mask bool [B, m]).
     """
     if num_candidates > num_labels:
         raise ValueError(f"num_candidates={num_candidates} exceeds num_labels={num_labels}")
     b = labels.shape[0]
     k_fill, k_order = jax.random.split(key)
-    parts = [labels, sample_labels(k_fill, (b, num_candidates), num_labels, sampler)]
+    listed = labels
     if retrieved is not None:
         if labels.shape[1] + retrieved.shape[1] > num_candidates:
             order = jnp.argsort(jax.random.uniform(k_order, retrieved.shape), axis=1)
             retrieved = jnp.take_along_axis(retrieved, order, axis=1)
-        parts.insert(1, retrieved)
-    listed = jnp.concatenate(parts, axis=1).astype(jnp.int32)
+        listed = jnp.concatenate([labels, retrieved], axis=1)
+    listed = listed.astype(jnp.int32)
     length = listed.shape[1]
     listing = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), listed.shape)
-    listing_bits = (length - 1).bit_length()
+    listing_bits = max(1, (length - 1).bit_length())
     if (num_labels + 1) << listing_bits <= 2**31:
         # (id, listing) packed into one int32 per slot: XLA:CPU sorts a single array several times faster
         # than a two-key sort (see unique_rows); the order is the same.
@@ -153,11 +181,20 @@ def per_example_candidates(
     else:
         ids, at = jax.lax.sort((listed, listing), dimension=1, num_keys=2)
     first = jnp.concatenate([jnp.ones((b, 1), bool), ids[:, 1:] != ids[:, :-1]], axis=1) & (ids < num_labels)
-    example = jnp.broadcast_to(jnp.arange(b, dtype=jnp.int32)[:, None], listed.shape)
+    example = jnp.arange(b, dtype=jnp.int32)[:, None]
     kept = jnp.zeros(listed.shape, bool).at[example, at].set(first, unique_indices=True)
-    slot = jnp.where(kept, jnp.cumsum(kept, axis=1, dtype=jnp.int32) - 1, num_candidates)
-    ids = jnp.full((b, num_candidates), num_labels, jnp.int32).at[example, slot].set(listed, mode="drop")
-    return ids, ids < num_labels
+    kept &= jnp.cumsum(kept, axis=1, dtype=jnp.int32) <= num_candidates
+    own = jnp.where(kept, listed, num_labels)
+    # The fill: each id at its first draw; an example skips its own ids and takes what it still needs.
+    m = num_candidates
+    fill = sample_labels(k_fill, (m,), num_labels, sampler)
+    draw = jnp.full(num_labels + 1, m, jnp.int32).at[fill].min(jnp.arange(m, dtype=jnp.int32))
+    fresh = draw[fill] == jnp.arange(m)
+    taken = jnp.zeros((b, m + 1), bool).at[example, draw[own]].set(True)[:, :m]  # own ids among the draws
+    free = fresh & ~taken
+    need = m - jnp.sum(kept, axis=1, dtype=jnp.int32)
+    fill_mask = free & (jnp.cumsum(free, axis=1, dtype=jnp.int32) <= need[:, None])
+    return PerExample(own=own, fill=jnp.where(jnp.any(fill_mask, axis=0), fill, num_labels), fill_mask=fill_mask)
 
 
 def unique_rows(ids: jax.Array, num_rows: int, size: int | None = None) -> tuple[jax.Array, jax.Array]:
@@ -194,22 +231,26 @@ def unique_rows(ids: jax.Array, num_rows: int, size: int | None = None) -> tuple
     return rows, inverse.reshape(ids.shape)
 
 
-def first_slots(ids: jax.Array, num_rows: int) -> tuple[jax.Array, jax.Array]:
-    """Repeated ids folded onto the first slot that holds them, without sorting: for the per-example step,
-    whose B * m candidate slots share rows across examples.
+def compact_rows(ids: jax.Array, num_rows: int, size: int) -> tuple[jax.Array, jax.Array]:
+    """The distinct ids of many slots, in the order of their first slot, and where each slot's id went: for
+    the per-example step, whose B * m candidate slots share rows across examples.
 
-    ids: int32 [...] in [0, num_rows] (num_rows is padding). Returns rows int32 [ids.size], each distinct
-    real id at the first (flat) slot holding it and num_rows at every other slot, and first int32 [ids.shape],
-    the flat slot of each slot's first occurrence (rows[first] == ids where ids < num_rows).
+    ids: int32 [...] in [0, num_rows] (num_rows is padding); size: length of the result, at least the number
+    of distinct ids (ids past it are dropped). Returns rows int32 [size] (padded with num_rows) and index
+    int32 [ids.shape] with rows[index] == ids at real ids and index == size at padding.
 
-    One scatter-min of slot numbers into a [num_rows + 1] int32 array and one gather: O(num_rows) memory (the
-    shared candidates' score array is as large), where `unique_rows` would sort the B * m slots (with two
-    keys once id and slot no longer fit one uint32, as 670,091 labels x 131,072 slots do not).
+    One scatter-min of slot numbers into a [num_rows + 1] int32 array, a gather and a cumulative sum: O(num_rows)
+    memory (the shared candidates' score array is as large), where `unique_rows` would sort the slots (with
+    two keys once id and slot no longer fit one uint32, as 670,091 labels x 131,072 slots do not).
     """
     flat = ids.ravel()
     slot = jnp.arange(flat.size, dtype=jnp.int32)
     first = jnp.full(num_rows + 1, flat.size, jnp.int32).at[flat].min(slot)[flat]
-    return jnp.where((first == slot) & (flat < num_rows), flat, num_rows), first.reshape(ids.shape)
+    is_first = (first == slot) & (flat < num_rows)
+    position = jnp.cumsum(is_first, dtype=jnp.int32) - 1
+    rows = jnp.full(size, num_rows, jnp.int32).at[jnp.where(is_first, position, size)].set(flat, mode="drop")
+    index = jnp.where(flat < num_rows, jnp.minimum(position[jnp.minimum(first, flat.size - 1)], size), size)
+    return rows, index.reshape(ids.shape)
 
 
 def shared_targets(labels: jax.Array, candidates: jax.Array, num_labels: int) -> jax.Array:

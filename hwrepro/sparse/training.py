@@ -19,9 +19,9 @@ What makes a sparse step cheap, and is kept that way on purpose:
 - E, W and b are updated with the row-sparse Adam (hwrepro.sparse.sparse_adam), whose scatters run in place because
   the step donates the state (bfloat16 tables are kept as uint16 bits for that); shared candidate ids are
   ascending, so gathers and scatters walk the tables in memory order; only the hidden bias uses a dense optax Adam;
-- per-example candidates (B * m slots, many ids in several examples) fold each id's gradient rows onto its
-  first slot (`first_slots`: one scatter-min into an [num_labels + 1] array, no sort of the slots), and the
-  Adam reads the rows gathered for the logits;
+- per-example candidates (B * m slots, many ids in several examples, the random fill shared by the batch)
+  sum each id's gradient rows into one row per distinct id (`compact_rows`: one scatter-min into an
+  [num_labels + 1] array, no sort of the slots), and the Adam runs over those rows only;
 - candidate selection costs O(num_labels) in float32 counters (one zeroed score array and one top_k), which
   is ~128x less traffic than one pass over W, and nothing in a step is O(num_labels * hidden).
 """
@@ -39,7 +39,7 @@ import optax
 from hwrepro.sparse import lsh
 from hwrepro.sparse import sparse_adam
 from hwrepro.models import sparse_layers as model
-from hwrepro.sparse.candidates import (CANDIDATE_MODES, SAMPLERS, batch_shared_candidates, first_slots,
+from hwrepro.sparse.candidates import (CANDIDATE_MODES, SAMPLERS, PerExample, batch_shared_candidates, compact_rows,
                                       per_example_candidates, per_example_targets, shared_targets, unique_rows)
 
 METHODS = ("lsh", "sampled", "dense")
@@ -187,12 +187,12 @@ def refile(state: SlideState, key: jax.Array) -> SlideState:
                                            sparse_adam.from_storage(state.params["output"]["weight"]), key))
 
 
-def changed_rows_per_step(candidate_mode: str, num_candidates: int, batch_size: int, num_labels: int) -> int:
-    """How many row ids of W a sparse step notes as changed (padding included: per example, every one of the
-    B * m slots, a repeated id counting as padding): the `pending_rows` of init_state for one step between
-    refiles. num_labels is not needed; kept for callers."""
+def changed_rows_per_step(candidate_mode: str, num_candidates: int, batch_size: int, own_per_example: int) -> int:
+    """How many row ids of W a sparse step notes as changed, padding included: the `pending_rows` of
+    init_state for one step between refiles. Shared: M. Per example: B * own_per_example + m, own_per_example
+    being the width of each example's own ids (labels, Lmax, plus retrieved ids, L * bucket_capacity)."""
     _check(candidate_mode, CANDIDATE_MODES, "candidate_mode")
-    return num_candidates if candidate_mode == "shared" else batch_size * num_candidates
+    return num_candidates if candidate_mode == "shared" else batch_size * own_per_example + num_candidates
 
 
 @functools.partial(jax.jit, donate_argnums=0)
@@ -298,30 +298,20 @@ def _sparse_step(
         cand, mask = batch_shared_candidates(labels, retrieved, key, num_candidates, num_labels, min_count,
                                              sampler)
         targets = shared_targets(labels, cand, num_labels)
+        # One gather of the candidate rows; differentiate with respect to the gathered rows, never all of W.
+        rows, w_rows, b_rows = cand, _rows_at(p_out["weight"], cand), _rows_at(p_out["bias"], cand)
+
+        def out_loss(w, b, hh):
+            return model.softmax_xent(model.candidate_logits(w, b, hh, dtype), targets, mask)
+
+        loss, (g_w, g_b, g_h) = jax.value_and_grad(out_loss, argnums=(0, 1, 2))(w_rows, b_rows, h)
+        active = jnp.sum(mask)
     else:
         retrieved = None if retrieved is None else retrieved.reshape(labels.shape[0], -1)
-        cand, mask = per_example_candidates(labels, retrieved, key, num_candidates, num_labels, sampler)
-        targets = per_example_targets(labels, cand, num_labels)
-
-    # One gather of the candidate rows; differentiate with respect to the gathered rows, never all of W.
-    w_rows = _rows_at(p_out["weight"], cand)
-    b_rows = _rows_at(p_out["bias"], cand)
-
-    def out_loss(w, b, hh):
-        return model.softmax_xent(model.candidate_logits(w, b, hh, dtype), targets, mask)
-
-    loss, (g_w, g_b, g_h) = jax.value_and_grad(out_loss, argnums=(0, 1, 2))(w_rows, b_rows, h)
+        sets = per_example_candidates(labels, retrieved, key, num_candidates, num_labels, sampler)
+        loss, rows, (g_w, g_b, g_h), (w_rows, b_rows) = _per_example_output(p_out, h, labels, sets, dtype)
+        active = (jnp.sum(sets.own < num_labels) + jnp.sum(sets.fill_mask)) / labels.shape[0]
     g_e, g_hb = hidden_vjp(g_h)
-
-    rows = cand
-    if not shared:
-        # Examples share output neurons: each id's gradient rows are summed onto the first of its B * m slots,
-        # which the Adam then updates (the other slots are padding). Slots stay where they are, so the rows
-        # gathered for the logits are the Adam's current rows: no sort, no second gather of W.
-        rows, first = first_slots(cand, num_labels)
-        g_w = jax.ops.segment_sum(g_w.reshape(cand.size, -1), first.ravel(), cand.size)
-        g_b = jax.ops.segment_sum(g_b.ravel(), first.ravel(), cand.size)
-        w_rows, b_rows = w_rows.reshape(cand.size, -1), b_rows.ravel()
 
     tables, opt_rows = row_opt.update(
         {"embedding": g_e, "weight": g_w, "out_bias": g_b},
@@ -333,5 +323,32 @@ def _sparse_step(
               "output": {"weight": tables["weight"], "bias": tables["out_bias"]}}
     opt_state = SparseOptState(rows=opt_rows, hidden_bias=opt_hb)
     tables = lsh.note_changed(state.tables, rows) if use_lsh else state.tables  # BucketTables: for refile
-    metrics = {"loss": loss, "candidates": jnp.sum(mask) / (1 if shared else labels.shape[0])}
+    metrics = {"loss": loss, "candidates": active}
     return state.replace(params=params, opt_state=opt_state, tables=tables, step=state.step + 1), metrics
+
+
+def _per_example_output(p_out: dict, h: jax.Array, labels: jax.Array, sets: PerExample, dtype: Any):
+    """The output layer's loss and row gradients over per-example candidate sets.
+
+    Each example's own ids (labels, retrieved: [B, W] slots) are scored row by row, the batch's fill as one
+    [B, H] x [H, m] product, one softmax over both per example. Examples share rows: each id's gradient rows
+    are summed into one row per distinct id (`compact_rows`, first slot first), which the Adam updates.
+    Returns (loss, rows int32 [B * W + m] padded with N, (g_w [.., H], g_b, g_h [B, H]), (W, b at rows)).
+    """
+    num_labels = p_out["weight"].shape[0]
+    m = sets.fill.shape[0]
+    mask = jnp.concatenate([sets.own < num_labels, sets.fill_mask], axis=1)
+    targets = jnp.pad(per_example_targets(labels, sets.own, num_labels), ((0, 0), (0, m)))  # no label in fill
+    gathered = [_rows_at(p_out[name], ids) for ids in (sets.own, sets.fill) for name in ("weight", "bias")]
+
+    def out_loss(w_own, b_own, w_fill, b_fill, hh):
+        z = jnp.concatenate([model.candidate_logits(w_own, b_own, hh, dtype),
+                             model.candidate_logits(w_fill, b_fill, hh, dtype)], axis=1)
+        return model.softmax_xent(z, targets, mask)
+
+    loss, (g_wo, g_bo, g_wf, g_bf, g_h) = jax.value_and_grad(out_loss, argnums=(0, 1, 2, 3, 4))(*gathered, h)
+    ids = jnp.concatenate([sets.own.ravel(), sets.fill])
+    rows, index = compact_rows(ids, num_labels, ids.size)
+    g_w = jax.ops.segment_sum(jnp.concatenate([g_wo.reshape(-1, g_wo.shape[-1]), g_wf]), index, rows.size)
+    g_b = jax.ops.segment_sum(jnp.concatenate([g_bo.ravel(), g_bf]), index, rows.size)
+    return loss, rows, (g_w, g_b, g_h), (_rows_at(p_out["weight"], rows), _rows_at(p_out["bias"], rows))
