@@ -39,6 +39,18 @@ QUICK = ["--config.data.dataset=tiny", "--config.model.hidden=32", "--config.mod
          "--config.train.batch_size=16"]  # ~40 labels a batch: the 128 candidates hold retrieved ids too
 
 
+def launch(workdir: Path, overrides: list[str], config: str = "configs/slide_amazon.py") -> dict:
+    """Runs `python launch.py --config=CONFIG --workdir=WORKDIR OVERRIDES...` in its own process (a later
+    `--config.a.b=` replaces an earlier one) and returns its final.json, or {"error": its last stderr line}."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    fields = dict(arg.split("=", 1) for arg in overrides)
+    proc = subprocess.run([sys.executable, str(REPO / "launch.py"), f"--config={config}", f"--workdir={workdir}",
+                           *(f"{k}={v}" for k, v in fields.items())], cwd=REPO, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        return {"error": (proc.stderr.strip().splitlines() or ["failed"])[-1]}
+    return json.loads((workdir / "final.json").read_text())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the tiny synthetic set")
@@ -54,16 +66,10 @@ def main() -> None:
         print(f"{'table upkeep':<36}{'train s':>9}{'rebuilds':>14}{'refiles':>16}{'upkeep':>8}{'P@1':>8}{'P@5':>8}",
               flush=True)
         for i, (name, overrides) in enumerate(VARIANTS):
-            workdir = root / f"variant{i}"
-            env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
-            fields = dict(arg.split("=", 1) for arg in common + overrides)  # a variant's value replaces the common one
-            proc = subprocess.run([sys.executable, str(REPO / "launch.py"), "--config=configs/slide_amazon.py",
-                                   f"--workdir={workdir}", *(f"{k}={v}" for k, v in fields.items())], cwd=REPO, env=env,
-                                  capture_output=True, text=True)
-            if proc.returncode != 0:
-                print(f"{name:<36}failed: {proc.stderr.strip().splitlines()[-1:]}", flush=True)
+            f = launch(root / f"variant{i}", common + overrides)
+            if "error" in f:
+                print(f"{name:<36}failed: {f['error']}", flush=True)
                 continue
-            f = json.loads((workdir / "final.json").read_text())
             upkeep = f["rebuild_seconds"] + f.get("refile_seconds", 0.0)
             print(f"{name:<36}{f['train_seconds']:>9.1f}{f['rebuild_seconds']:>9.1f} ({f['rebuilds']:>2})"
                   f"{f.get('refile_seconds', 0.0):>9.1f} ({f.get('refiles', 0):>4})"

@@ -174,7 +174,8 @@ def run(config: ml_collections.ConfigDict, rec: Run):
     incremental = m.method == "lsh" and config.lsh.maintenance == "incremental"
     layout = {}
     if incremental:  # buckets of model.bucket_capacity ids, room for the rows changed between two refiles
-        own = data.subset["labels"].shape[1] + config.lsh.num_tables * m.bucket_capacity  # labels + retrieved
+        labels = next(data.subset.ordered(1))["labels"].shape[1]  # the batches' label slots
+        own = labels + config.lsh.num_tables * m.bucket_capacity  # an example's own ids: labels and retrieved
         per_step = sparse.changed_rows_per_step(m.candidate_mode, m.num_candidates, config.train.batch_size, own)
         layout = dict(table_capacity=m.bucket_capacity, pending_rows=config.lsh.update_every * per_step)
     state = ops.init_state(init_key, data.num_features, data.num_labels, m.hidden, method=m.method,
