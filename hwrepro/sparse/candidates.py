@@ -233,7 +233,7 @@ def unique_rows(ids: jax.Array, num_rows: int, size: int | None = None) -> tuple
 
 def compact_rows(ids: jax.Array, num_rows: int, size: int) -> tuple[jax.Array, jax.Array]:
     """The distinct ids of many slots, in the order of their first slot, and where each slot's id went: for
-    the per-example step, whose B * m candidate slots share rows across examples.
+    the per-example step, whose candidate slots share rows across examples.
 
     ids: int32 [...] in [0, num_rows] (num_rows is padding); size: length of the result, at least the number
     of distinct ids (ids past it are dropped). Returns rows int32 [size] (padded with num_rows) and index

@@ -19,9 +19,9 @@ What makes a sparse step cheap, and is kept that way on purpose:
 - E, W and b are updated with the row-sparse Adam (hwrepro.sparse.sparse_adam), whose scatters run in place because
   the step donates the state (bfloat16 tables are kept as uint16 bits for that); shared candidate ids are
   ascending, so gathers and scatters walk the tables in memory order; only the hidden bias uses a dense optax Adam;
-- per-example candidates (B * m slots, many ids in several examples, the random fill shared by the batch)
-  sum each id's gradient rows into one row per distinct id (`compact_rows`: one scatter-min into an
-  [num_labels + 1] array, no sort of the slots), and the Adam runs over those rows only;
+- per-example candidates: each example's own ids (labels, retrieved) are gathered row by row, the batch's one
+  random fill is scored as one matmul, and each id's gradient rows are summed into one row per distinct id
+  (`compact_rows`: one scatter-min into an [num_labels + 1] array, no sort of the slots) for the Adam;
 - candidate selection costs O(num_labels) in float32 counters (one zeroed score array and one top_k), which
   is ~128x less traffic than one pass over W, and nothing in a step is O(num_labels * hidden).
 """
