@@ -140,12 +140,16 @@ def parse_mesh(spec: str) -> tuple[int, int, int, int]:
 def run_mesh(mesh: str, method: str, steps: int, platform: str = "cpu") -> dict:
     """One mesh "DxM[@C][/P]" in fresh child processes; process 0's result, with every process's devices'
     memory merged in (or {"error": ...})."""
-    from hwrepro.harness import parallel
+    from hwrepro.harness import numerics, parallel
+    from hwrepro.harness.config import numerics_config
 
     data, model, _, processes = parse_mesh(mesh)
     coordinator = parallel.local_coordinator()
     per = data * model // processes
-    env = dict(os.environ, JAX_PLATFORMS="cuda" if platform == "gpu" else "cpu")
+    # As a training run starts: the launcher's glibc allocator tunables (numerics.huge_pages and
+    # keep_freed_memory; without them the one-device step took twice as long here).
+    env = dict(numerics.startup_environment(numerics_config(), os.environ),
+               JAX_PLATFORMS="cuda" if platform == "gpu" else "cpu")
     if platform == "cpu":
         env["JAX_NUM_CPU_DEVICES"] = str(per)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
