@@ -151,7 +151,8 @@ def per_example_candidates(
     B * m (~118,000 of W's rows at Amazon-670K's batch 128, m = 1,024) and every slot a row gather.
     The first distinct draws are a uniformly random subset of the distinct draws; retrieved ids are listed in
     a random order when they may not all fit (Lmax + R > m). Own ids: one sort per row of Lmax + R packed
-    (id, listing) keys finds first listings; the fill's overlap with them: one scatter into [B, m].
+    (id, listing) keys finds first listings; the fill's overlap with them: a binary search in the sorted
+    draws and one scatter into [B, m].
 
     Args:
       labels: int32 [B, Lmax] padded with num_labels; retrieved: int32 [B, R] or None; m = num_candidates.
@@ -186,11 +187,15 @@ def per_example_candidates(
     kept &= jnp.cumsum(kept, axis=1, dtype=jnp.int32) <= num_candidates
     own = jnp.where(kept, listed, num_labels)
     # The fill: each id at its first draw; an example skips its own ids and takes what it still needs.
+    # Found by binary search in the sorted draws: O(m) memory, nothing of size num_labels.
     m = num_candidates
     fill = sample_labels(k_fill, (m,), num_labels, sampler)
-    draw = jnp.full(num_labels + 1, m, jnp.int32).at[fill].min(jnp.arange(m, dtype=jnp.int32))
-    fresh = draw[fill] == jnp.arange(m)
-    taken = jnp.zeros((b, m + 1), bool).at[example, draw[own]].set(True)[:, :m]  # own ids among the draws
+    order = jnp.argsort(fill, stable=True)  # equal draws keep their order: the first draw comes first
+    drawn = fill[order]
+    fresh = jnp.zeros(m, bool).at[order].set(jnp.concatenate([jnp.ones(1, bool), drawn[1:] != drawn[:-1]]))
+    at = jnp.minimum(jnp.searchsorted(drawn, own), m - 1)  # an own id's first draw, if it was drawn
+    draw = jnp.where(drawn[at] == own, order[at], m)
+    taken = jnp.zeros((b, m + 1), bool).at[example, draw].set(True)[:, :m]  # own ids among the draws
     free = fresh & ~taken
     need = m - jnp.sum(kept, axis=1, dtype=jnp.int32)
     fill_mask = free & (jnp.cumsum(free, axis=1, dtype=jnp.int32) <= need[:, None])
