@@ -14,7 +14,8 @@ the rebuild seconds, and its final evaluation scored twice on the same test poin
 the LSH-scored path (eval.lsh: the share of labels scored, the seconds of each). Steps: one step at
 Amazon-670K's shape (benchmarks/slide_bench.py's children, shared M = 8,192 and per-example m = 1,024,
 alternated over `--rounds`), with the floor of the shared step (its FLOPs at this machine's [128x128]x[128x8192]
-matmul rate). Prints every ratio with its target from issue 18 and whether it holds.
+matmul rate). Prints every ratio with its target from issue 18 and whether it holds. Results:
+docs/slide_costs.md.
 """
 
 from __future__ import annotations

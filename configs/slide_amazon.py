@@ -63,7 +63,7 @@ def slide_config(dataset: str, method: str) -> ml_collections.ConfigDict:
     # changes nothing in between (stale rows stay where they were); "incremental" keeps buckets of
     # model.bucket_capacity ids (SLIDE's fixed bucket size, reservoir replacement when full) and every
     # lsh.update_every steps re-hashes only the rows the steps changed and moves them (hwrepro.sparse.lsh.refile).
-    # Rebuilds and redraws stay on the schedule above in both. Staleness against cost: docs/benchmarks.md,
+    # Rebuilds and redraws stay on the schedule above in both. Staleness against cost: docs/slide_costs.md,
     # "Incremental tables".
     c.lsh.maintenance = "rebuild"     # rebuild | incremental
     c.lsh.update_every = 1            # incremental only: steps between two refiles
@@ -91,7 +91,7 @@ def slide_config(dataset: str, method: str) -> ml_collections.ConfigDict:
     # dense top-1 labels). probe_bits m: multi-probe, 2^m buckets per table (the m least certain hashes
     # changed); bucket_capacity: ids read per probed bucket; max_scored: at most this many distinct labels
     # scored per point, the most often retrieved (exactly). Precision, share scored and time of the choices:
-    # docs/benchmarks.md, "LSH-scored prediction".
+    # docs/slide_costs.md, "LSH-scored prediction".
     c.eval.lsh = ml_collections.ConfigDict(dict(tables="inference", kind="simhash", num_hashes=8, num_tables=50,
                                                 probe_bits=2, bucket_capacity=16, max_scored=512))
     return c

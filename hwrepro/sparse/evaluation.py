@@ -4,7 +4,7 @@ neurons (scored exactly), and precision@k.
 LSH-scored prediction can use the training tables as they are (hashes of w: they find rows pointing like the
 activation, whatever their norm and bias) or `inference_tables`, built once after training over (w, b) for
 inner products (lsh.mips_rows), with multi-probe queries (lsh.probe_codes) reading a few neighbouring
-buckets per table. Precision, share of labels scored and time of each: docs/benchmarks.md, "LSH-scored
+buckets per table. Precision, share of labels scored and time of each: docs/slide_costs.md, "LSH-scored
 prediction".
 """
 
@@ -112,7 +112,7 @@ def lsh_logits(
     lsh.mips_rows (`inference_tables`), so the query is lsh.mips_queries(h). max_scored: score at most this
     many distinct ids per example, those retrieved from the most buckets (SLIDE's frequency ranking; ties to
     the lower id). Retrieved ids repeat across tables and probes, so the distinct ones are few: scoring
-    them alone, not every retrieved slot, is what makes the scoring fast (docs/benchmarks.md).
+    them alone, not every retrieved slot, is what makes the scoring fast (docs/slide_costs.md).
 
     Returns:
       ids int32 [B, R] (each retrieved id once; repeats and padding are num_labels), R = max_scored or
