@@ -140,16 +140,15 @@ def parse_mesh(spec: str) -> tuple[int, int, int, int]:
 def run_mesh(mesh: str, method: str, steps: int, platform: str = "cpu") -> dict:
     """One mesh "DxM[@C][/P]" in fresh child processes; process 0's result, with every process's devices'
     memory merged in (or {"error": ...})."""
-    from hwrepro.harness import numerics, parallel
-    from hwrepro.harness.config import numerics_config
+    import slide_bench  # the sibling script (this folder is on sys.path when a script of it runs)
+    from hwrepro.harness import parallel
 
     data, model, _, processes = parse_mesh(mesh)
     coordinator = parallel.local_coordinator()
     per = data * model // processes
     # As a training run starts: the launcher's glibc allocator tunables (numerics.huge_pages and
-    # keep_freed_memory; without them the one-device step took twice as long here).
-    env = dict(numerics.startup_environment(numerics_config(), os.environ),
-               JAX_PLATFORMS="cuda" if platform == "gpu" else "cpu")
+    # keep_freed_memory; without them the one-device step took twice as long here) and JAX_PLATFORMS.
+    env = slide_bench.startup_environment(platform=platform)
     if platform == "cpu":
         env["JAX_NUM_CPU_DEVICES"] = str(per)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
