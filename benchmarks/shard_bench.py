@@ -15,8 +15,9 @@ device, "output layer" is W, b and their row-Adam moments, "tables" the LSH tabl
 addressable shards. Bytes sent: computed from the shapes (hwrepro.sparse.sharded's docstring lists the
 collectives), and measured as the result sizes of the all-gather / all-reduce ops in the compiled step's HLO
 (a 1-device mesh keeps trivial all-reduces that move nothing); over processes also as the loopback
-interface's bytes during the timed steps. Batches are random (feature and label ids uniform): timing, not
-learning. Results: docs/benchmarks.md, "The sharded step".
+interface's bytes during the timed steps. Batches: slide_bench's (~75 features and ~5.4 labels a point, as
+Amazon-670K has, ids uniform), those of the one-device step table: timing, not learning. Results:
+docs/benchmarks.md, "The sharded step".
 """
 
 from __future__ import annotations
@@ -31,8 +32,11 @@ import sys
 import time
 from pathlib import Path
 
+# The sibling script (this folder is on sys.path when a script of it runs).
+from slide_bench import BATCH as B, HIDDEN as H, MAX_FEATURES as FMAX, MAX_LABELS as LMAX, NUM_FEATURES as F, \
+    NUM_LABELS as N, SHARED_M as M, synthetic_batches
+
 REPO = Path(__file__).resolve().parent.parent
-F, N, H, B, FMAX, LMAX, M = 135_909, 670_091, 128, 128, 128, 32, 8192
 _BYTES = {"f32": 4, "s32": 4, "u32": 4, "pred": 1, "bf16": 2, "u16": 2, "f64": 8, "s64": 8, "u64": 8}
 
 
@@ -60,12 +64,12 @@ def computed_bytes(method: str, data: int, model: int) -> int:
             total += 4 * B * FMAX * (H + 1)                                          # E rows + ids all_gather
             total += 4 * ((M // model) * (H + 1) + H + 1)                            # W, b rows, hidden bias psum
         if model > 1:
-            total += 4 * (bp + 3 * bp + bp * H)                                      # pmax, psum [B',3], g_h psum
+            total += 4 * (bp + 3 * bp + 2 * bp * H)                  # pmax, psum [B',3], h and g_h psums
     else:
         if model > 1:
-            total += 4 * (bp + 3 * bp + bp * H)
+            total += 4 * (bp + 3 * bp + 2 * bp * H)
         if data > 1:
-            total += 4 * ((-(-N // model)) * (H + 1) + F * H + H)
+            total += 4 * ((-(-N // model)) * (H + 1) + (-(-F // model)) * H + H)
     return total
 
 
@@ -91,10 +95,7 @@ def child(method: str, data: int, model: int, steps: int) -> dict:
             mine = per_device.setdefault(str(shard.device), {"output": 0, "tables": 0})
             mine[part] += shard.data.nbytes
     rng = np.random.default_rng(0)
-    batches = [{"feat_ids": rng.integers(0, F, (B, FMAX)).astype(np.int32),
-                "feat_vals": rng.random((B, FMAX)).astype(np.float32),
-                "labels": rng.integers(0, N, (B, LMAX)).astype(np.int32)} for _ in range(4)]
-    batches = [parallel.put_batch(mesh, b) for b in batches]
+    batches = [parallel.put_batch(mesh, b) for b in synthetic_batches(rng, 4)]
     step = sharded.make_train_step(mesh, method, num_labels=N, batch_size=B, learning_rate=1e-3, num_candidates=M)
     key = jax.random.key(1)
     t = time.time()
@@ -140,7 +141,7 @@ def parse_mesh(spec: str) -> tuple[int, int, int, int]:
 def run_mesh(mesh: str, method: str, steps: int, platform: str = "cpu") -> dict:
     """One mesh "DxM[@C][/P]" in fresh child processes; process 0's result, with every process's devices'
     memory merged in (or {"error": ...})."""
-    import slide_bench  # the sibling script (this folder is on sys.path when a script of it runs)
+    import slide_bench
     from hwrepro.harness import parallel
 
     data, model, _, processes = parse_mesh(mesh)

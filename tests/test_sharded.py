@@ -87,11 +87,13 @@ def _step_check(method, data, model_shards):
     spec = sparse.LshSpec("simhash", 3, 4)
     state = sharded.init_state(mesh, key, NUM_FEATURES, NUM_LABELS, HIDDEN, method=method, lsh_spec=spec)
     single = sparse.init_state(key, NUM_FEATURES, NUM_LABELS, HIDDEN, method=method, lsh_spec=spec)
-    before = jax.tree_util.tree_map(np.asarray, sharded.gathered_params(state.params, NUM_LABELS))
+    before = jax.tree_util.tree_map(np.asarray, sharded.gathered_params(state.params, NUM_FEATURES, NUM_LABELS))
     same_init = all(np.array_equal(a, b) for a, b in zip(
         jax.tree_util.tree_leaves(before), jax.tree_util.tree_leaves(sparse.model_params(single.params))))
     batch = _batch(1)
-    out = {"same_init": same_init}
+    embedding = state.params["input"]["embedding"]
+    out = {"same_init": same_init,  # E split by feature: every device holds F_pad / model rows
+           "embedding_rows": sorted({s.data.shape[0] for s in embedding.addressable_shards})}
     cand = None
     kw = dict(num_labels=NUM_LABELS, num_candidates=CANDIDATES, min_count=1, bucket_capacity=4)
     if method != "dense":
@@ -106,8 +108,9 @@ def _step_check(method, data, model_shards):
     step = sharded.make_train_step(mesh, method, batch_size=BATCH, learning_rate=LR, **kw)
     state, metrics = step(state, batch, step_key)
     loss, grads, ref = _reference(before, batch, cand)
-    after = sharded.gathered_params(state.params, NUM_LABELS)
-    moments = jax.tree_util.tree_leaves(sharded.gathered_params(_first_moments(state, method), NUM_LABELS))
+    after = sharded.gathered_params(state.params, NUM_FEATURES, NUM_LABELS)
+    moments = jax.tree_util.tree_leaves(
+        sharded.gathered_params(_first_moments(state, method), NUM_FEATURES, NUM_LABELS))
     out["loss_rel"] = _rel(metrics["loss"], loss)
     out["grads_rel"] = max(_rel(m, 0.1 * np.asarray(g)) for m, g in zip(moments, jax.tree_util.tree_leaves(grads)))
     # Adam's first step moves an entry by lr g / (|g| + eps): well-conditioned where |g| >> eps (1e-8), there
@@ -204,6 +207,7 @@ def results():
 def test_sharded_step_equals_single_device_with_the_same_candidates(results, method, mesh):
     r = results[f"{method}-{mesh}"]
     assert r["same_init"]
+    assert r["embedding_rows"] == [-(-NUM_FEATURES // MESHES[mesh][1])], r
     assert r["loss_rel"] < 1e-6, r
     assert r["grads_rel"] < 1e-6, r
     assert r["params_close"], r

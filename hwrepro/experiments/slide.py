@@ -165,7 +165,7 @@ def run(config: ml_collections.ConfigDict, rec: Run):
     ops = ONE_DEVICE  # a mesh: the same functions over it (hwrepro.sparse.sharded)
     if parallel.is_sharded(config):
         mesh = parallel.mesh(config)
-        ops = sharded.on_mesh(mesh, data.num_labels, config.train.batch_size)
+        ops = sharded.on_mesh(mesh, data.num_features, data.num_labels, config.train.batch_size)
         rec.note("parallel", parallel.describe(mesh))
         rec.print(f"mesh: data {mesh.shape['data']} x model {mesh.shape['model']} over {jax.device_count()} "
                   f"{jax.default_backend()} devices in {jax.process_count()} process(es)")

@@ -42,8 +42,14 @@ def embedding_sum(rows: jax.Array, vals: jax.Array, bias: jax.Array, dtype: DTyp
     Returns:
       h float32 [B, H] = ReLU(sum_f vals[b, f] * rows[b, f] + bias).
     """
-    s = jnp.einsum("bf,bfh->bh", vals.astype(dtype), rows.astype(dtype), preferred_element_type=jnp.float32)
-    return jax.nn.relu(s + bias.astype(jnp.float32))
+    return jax.nn.relu(feature_sum(rows, vals, dtype) + bias.astype(jnp.float32))
+
+
+def feature_sum(rows: jax.Array, vals: jax.Array, dtype: DType = jnp.float32) -> jax.Array:
+    """The hidden layer before its bias and ReLU: float32 [B, H] = sum_f vals[b, f] * rows[b, f] (rows
+    [B, F, H], vals [B, F]). A sum over features, so parts over disjoint feature sets add up (an embedding
+    split by feature over devices: hwrepro.sparse.sharded)."""
+    return jnp.einsum("bf,bfh->bh", vals.astype(dtype), rows.astype(dtype), preferred_element_type=jnp.float32)
 
 
 def sparse_hidden(

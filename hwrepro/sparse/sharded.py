@@ -3,43 +3,49 @@
 The single-device path (hwrepro.sparse.training) is untouched; this module reuses its state, its pieces
 (unique_rows, batch_shared_candidates, the row-sparse Adam, the model's logits) and adds what sharding needs.
 
-Layout (N_pad = num_labels rounded up to a multiple of `model`; n = N_pad / model rows per shard; shard s owns
-global label ids [s * n, (s + 1) * n); the <= model - 1 padding rows at the end are zero, never a candidate,
-never scored):
+Layout (N_pad, F_pad = num_labels, num_features rounded up to a multiple of `model`; n = N_pad / model rows
+per shard; shard s owns global label ids [s * n, (s + 1) * n) and feature ids [s * F_pad / model, ...); the
+<= model - 1 padding rows at the end are zero, never a candidate, never scored, never read with a nonzero
+value):
   W [N_pad, H], b [N_pad], their row-Adam moments (or dense Adam moments)   P("model"): split by label
+  E [F_pad, H] and its moments                                               P("model"): split by feature
   LSH tables: ids int32 [model, L, n] (local ids), starts [model, L, buckets + 1]  P("model"): one set per shard
-  E [F, H], hidden bias [H], their Adam moments, hash functions, counters   P(): replicated
+  hidden bias [H], its Adam moments, hash functions, counters               P(): replicated
   batches (feat_ids, feat_vals, labels) [B, ...]                             P("data"): split by example
 Each shard builds and rebuilds its tables over its own rows only (outside shard_map: `build_tables`); the
 hash functions are shared.
 
 A sparse step ("lsh", "sampled"; batch-shared candidates), per device (d, s), with B' = B / data:
-  1. h [B', H] from E at the local batch's unique features (replicated E: no communication).
+  1. h [B', H]: each shard sums the local batch's features it owns (its unique rows of E), one psum over
+     `model` of [B', H] adds the parts, then bias and ReLU. No shard repeats another's work on E.
   2. all_gather over `data` of labels [B, Lmax] int32 (and, for lsh, of h [B, H]): every data replica of shard
      s sees the whole batch, so all of them select the same candidates and apply the same update.
-  3. Candidates on shard s only: the batch's true labels that s owns, ids retrieved from s's tables, random
+  3. Candidates on shard s only: the batch's true labels that s owns, ids retrieved from s's tables (at most
+     bucket_capacity / model of each bucket: the mesh reads as many ids a bucket as one device does), random
      ids of s (key folded with s): M / model local ids, so no shard touches another's rows.
   4. Logits [B', M / model] at the local candidates. The softmax over the union of all shards' candidates is
      exact: pmax over `model` of the row maxima [B', 1], then one psum over `model` of [B', 3] (sum of exp,
      target weight, target . logits). Loss: psum over `data` of a scalar.
   5. Gradients: the hidden activations' g_h [B', H] psum over `model` (every shard holds part of the
-     logits); W and b rows [M / model, H + 1] psum over `data` (same rows on every data replica);
-     hidden-bias gradient [H] psum over `data`.
-  6. The input embedding stays replicated, with reduced sparse row updates: with data > 1, all_gather over
-     `data` of each replica's unique feature ids [B' F] and gradient rows [B' F, H], then one unique + segment
-     sum, so every replica applies the same row-sparse Adam update to the same rows. Sharding E by feature
-     would need an all-to-all of rows forward and back each step for a table that is small next to W.
-  7. Row-sparse Adam on the local rows of W, b (and on E's reduced rows); dense Adam on the hidden bias.
+     logits), so every shard back-propagates the same g_h into its own rows of E; W and b rows
+     [M / model, H + 1] psum over `data` (same rows on every data replica); hidden-bias gradient [H] psum
+     over `data`.
+  6. E's rows with data > 1, reduced sparse row updates: all_gather over `data` of each replica's unique
+     local feature ids [B' F] and gradient rows [B' F, H], then one unique + segment sum, so every replica
+     of shard s applies the same row-sparse Adam update to the same rows.
+  7. Row-sparse Adam on the local rows of W, b and E; dense Adam on the hidden bias.
   Per step and device, in float32 words: all_gather B Lmax (+ B H for lsh) and, with data > 1, B F (H + 1);
-  psums of 3 B' + 1 (+ B' for pmax) over `model`, B' H over `model`, (M / model) (H + 1) + H + 1 over `data`.
+  psums of 3 B' + 1 (+ B' for pmax) over `model`, 2 B' H over `model` (h forward, g_h backward),
+  (M / model) (H + 1) + H + 1 over `data`.
 
-The dense method (vocab-parallel full softmax): logits [B', n] on each shard's rows, the same exact
-normaliser (step 4), then dense gradients: g_h psum over `model`, and over `data` the dense gradients of
-everything (W and b shards [n, H + 1], E [F, H], hidden bias): plain data parallelism.
+The dense method (vocab-parallel full softmax): h as in step 1 (over each shard's whole part of E), logits
+[B', n] on each shard's rows, the same exact normaliser (step 4), then dense gradients: g_h psum over
+`model`, and over `data` the dense gradients of everything (W, b, E shards [n, H + 1], [F_pad / model, H],
+hidden bias): plain data parallelism.
 
 Bits: a sharded run's parameters are not bit-equal to the one-device run's, also for dense, where the
 computation is the same up to its order: the normaliser is a sum of per-shard partial sums (psum) where one
-device sums all logits in one reduction, and g_h a sum of per-shard matmuls, so float rounding differs in the
+device sums all logits in one reduction, h and g_h sums of per-shard parts, so float rounding differs in the
 last bits from the first step on (tests: equal within 1e-6 relative after one step; P@k of whole runs equal
 within noise). The same mesh over processes (jax.distributed, gloo) gives the in-process mesh's bits: the
 reductions have the same operands in the same order.
@@ -76,23 +82,19 @@ DATA, MODEL = "data", "model"
 METHODS = training.METHODS
 
 
-def padded_labels(num_labels: int, model_shards: int) -> int:
-    """N_pad: num_labels rounded up to a multiple of the `model` axis (the rows W is stored with)."""
-    return -(-num_labels // model_shards) * model_shards
-
-
 def _names(path) -> list[str]:
     return [str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", "")))) for k in path]
 
 
 def state_specs(state: Any) -> Any:
     """The PartitionSpec of every leaf of a SlideState (or of its params / optimizer state): P("model") for
-    the output layer, its moments and the LSH tables (split along their first axis), P() for the rest."""
+    the output layer, the input embedding, their moments and the LSH tables (split along their first axis),
+    P() for the rest."""
     def spec(path, leaf):
         names = _names(path)
         if "hash_fn" in names:
             return P()
-        if {"tables", "output", "weight", "out_bias"} & set(names):
+        if {"tables", "output", "weight", "out_bias", "embedding"} & set(names):
             return P(MODEL)
         return P()
     return jax.tree_util.tree_map_with_path(spec, state)
@@ -127,16 +129,17 @@ def init_state(
     lsh_spec: LshSpec = LshSpec(),
 ) -> SlideState:
     """training.init_state's state laid out over `mesh` (module docstring): the same parameter values (same
-    key use), W and b padded with zero rows to N_pad, and LSH tables built per shard over its own rows."""
+    key use), W, b and E padded with zero rows to N_pad and F_pad, and LSH tables built per shard over its own
+    rows."""
     # training.init_state's draws exactly (the "lsh" tables are built below, per shard, with its table key),
     # then padded and placed: the whole W passes through one device once.
     state = training.init_state(key, num_features, num_labels, hidden,
                                 method="sampled" if method == "lsh" else method, param_dtype=param_dtype,
                                 moment_dtype=moment_dtype)
-    pad = padded_labels(num_labels, _axis_size(mesh, MODEL)) - num_labels
-    specs = state_specs(state)
+    shards, specs = _axis_size(mesh, MODEL), state_specs(state)
     state = jax.tree_util.tree_map(
-        lambda x, spec: jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1)) if spec == P(MODEL) else x, state, specs)
+        lambda x, spec: jnp.pad(x, [(0, -x.shape[0] % shards)] + [(0, 0)] * (x.ndim - 1)) if spec == P(MODEL)
+        else x, state, specs)
     state = jax.device_put(state, jax.tree_util.tree_map(lambda spec: NamedSharding(mesh, spec), specs))
     if method != "lsh":
         return state
@@ -193,12 +196,12 @@ def redraw(mesh: jax.sharding.Mesh, state: SlideState, key: jax.Array) -> SlideS
     return state.replace(hash_fn=hash_fn, tables=build_tables(mesh, hash_fn, weight, k_tables))
 
 
-def gathered_params(params: Params, num_labels: int) -> Params:
+def gathered_params(params: Params, num_features: int, num_labels: int) -> Params:
     """The modules' parameters in the single-device layout (padding rows dropped), as NumPy arrays gathered
     from every shard and process: what param_sha256 hashes, comparable with an unsharded run."""
     params = jax.tree_util.tree_map(parallel.to_host, training.model_params(params))
-    out = params["output"]
-    return {"input": dict(params["input"]),
+    p_in, out = params["input"], params["output"]
+    return {"input": {"embedding": p_in["embedding"][:num_features], "bias": p_in["bias"]},
             "output": {"weight": out["weight"][:num_labels], "bias": out["bias"][:num_labels]}}
 
 
@@ -253,7 +256,8 @@ def _select(state: SlideState, all_labels: jax.Array, all_h: jax.Array | None, k
     retrieved = None
     if all_h is not None:
         tables = lsh.Tables(ids=state.tables.ids[0], starts=state.tables.starts[0])
-        retrieved = lsh.query(state.hash_fn, tables, all_h, bucket_capacity)
+        # The mesh reads bucket_capacity ids of a bucket in all, as one device does: each shard its share.
+        retrieved = lsh.query(state.hash_fn, tables, all_h, -(-bucket_capacity // lax.psum(1, MODEL)))
     # One shard draws with the step's key itself: a data-parallel-only run picks the single-device candidates.
     key = key if lax.psum(1, MODEL) == 1 else jax.random.fold_in(key, shard)
     cand, mask = batch_shared_candidates(_local_labels(all_labels, offset, rows, num_labels), retrieved,
@@ -262,13 +266,43 @@ def _select(state: SlideState, all_labels: jax.Array, all_h: jax.Array | None, k
     return jnp.where(mask, cand, rows), mask
 
 
-def _hidden(p_in, batch, dtype):
-    """h [B', H] on the local batch's unique features, its vjp, the unique rows and their gathered values."""
-    feat_rows, inv = unique_rows(batch["feat_ids"], p_in["embedding"].shape[0])
+def _local_features(batch: Batch, rows: int) -> tuple[jax.Array, jax.Array]:
+    """This shard's part of the batch's features (E split by feature): ids int32 [B', F] local to its `rows`
+    rows of E (`rows` where another shard owns the feature) and values [B', F] (zero there). Padding slots
+    (id num_features, value zero) stay zero wherever they land."""
+    ids = batch["feat_ids"] - lax.axis_index(MODEL) * rows
+    mine = (ids >= 0) & (ids < rows)
+    return jnp.where(mine, ids, rows), jnp.where(mine, batch["feat_vals"], 0)
+
+
+def _hidden(table, bias, ids, vals, dtype):
+    """h float32 [B', H] = ReLU(psum over `model` of feature_sum(table[ids], vals) + bias): each shard sums
+    its own features, one psum of [B', H] adds the parts. ids int32 [B', F] into table [T, H] (clamped: a
+    slot past the table has value zero). Returns h and its backward: g_h [B', H], the same on every shard
+    (after its psum) -> (d table [T, H], d bias [H]). The backward is written out rather than left to
+    autodiff, which would also transpose the psum."""
+    pre, vjp = jax.vjp(lambda t: model.feature_sum(t.at[ids].get(mode="clip"), vals, dtype), table)
+    h = jax.nn.relu(lax.psum(pre, MODEL) + bias.astype(jnp.float32))
+
+    def backward(g_h):
+        g_pre = jnp.where(h > 0, g_h, 0.0)
+        return vjp(g_pre)[0], jnp.sum(g_pre, axis=0)
+
+    return h, backward
+
+
+def _sparse_hidden(p_in, batch, dtype):
+    """`_hidden` on the local batch's unique feature rows of this shard: h, its backward, the unique local
+    rows int32 [B' F] (padded with E's local row count) and their gathered values [B' F, H]."""
+    feat_ids, feat_vals = _local_features(batch, p_in["embedding"].shape[0])
+    feat_rows, inv = unique_rows(feat_ids, p_in["embedding"].shape[0])
     e_rows = training._rows_at(p_in["embedding"], feat_rows)
-    h, vjp = jax.vjp(lambda r, bias: model.embedding_sum(r[inv], batch["feat_vals"], bias, dtype),
-                     e_rows, p_in["bias"])
-    return h, vjp, feat_rows, e_rows
+    return (*_hidden(e_rows, p_in["bias"], inv, feat_vals, dtype), feat_rows, e_rows)
+
+
+def _dense_hidden(p_in, batch, dtype):
+    """`_hidden` over this shard's whole part of E."""
+    return _hidden(p_in["embedding"], p_in["bias"], *_local_features(batch, p_in["embedding"].shape[0]), dtype)
 
 
 def _gather_batch(x: jax.Array, data: int) -> jax.Array:
@@ -280,7 +314,7 @@ def _sparse_step(state: SlideState, batch: Batch, key: jax.Array, *, use_lsh, nu
     p_in, p_out = state.params["input"], state.params["output"]
     num_features, rows = p_in["embedding"].shape[0], p_out["weight"].shape[0]
     offset = lax.axis_index(MODEL) * rows
-    h, hidden_vjp, feat_rows, e_rows = _hidden(p_in, batch, dtype)
+    h, hidden_vjp, feat_rows, e_rows = _sparse_hidden(p_in, batch, dtype)
 
     all_h = _gather_batch(jax.lax.stop_gradient(h), data) if use_lsh else None
     cand, mask = _select(state, _gather_batch(batch["labels"], data), all_h, key, num_labels=num_labels,
@@ -323,8 +357,7 @@ def _dense_step(state: SlideState, batch: Batch, key: jax.Array, *, tx, dtype, n
     p_in, p_out = params["input"], params["output"]
     rows = p_out["weight"].shape[0]
     offset = lax.axis_index(MODEL) * rows
-    h, hidden_vjp = jax.vjp(lambda e, bias: model.sparse_hidden(e, bias, batch["feat_ids"], batch["feat_vals"],
-                                                                dtype), p_in["embedding"], p_in["bias"])
+    h, hidden_vjp = _dense_hidden(p_in, batch, dtype)
     z, logits_vjp = jax.vjp(lambda w, b, hh: model.candidate_logits(w, b, hh, dtype), p_out["weight"],
                             p_out["bias"], h)
     local = _local_labels(batch["labels"], offset, rows, num_labels)
@@ -360,8 +393,9 @@ def make_train_step(
     """training.make_train_step over `mesh`: a jitted `(state, batch, key) -> (state, metrics)` donating state.
 
     Batch-shared candidates only: num_candidates (M) must be a multiple of the `model` axis, each shard
-    choosing M / model of its own. batch_size: B, the global batch (a multiple of the `data` axis). What each
-    step sends between devices: the module docstring.
+    choosing M / model of its own; bucket_capacity is the mesh's (each shard reads bucket_capacity / model ids,
+    rounded up, of each of its own buckets). batch_size: B, the global batch (a multiple of the `data` axis).
+    What each step sends between devices: the module docstring.
     """
     if method not in METHODS:
         raise ValueError(f"method={method!r} is not one of {', '.join(map(repr, METHODS))}")
@@ -417,7 +451,7 @@ def candidates(mesh: jax.sharding.Mesh, state: SlideState, batch: Batch, key: ja
     shards, data = _axis_size(mesh, MODEL), _axis_size(mesh, DATA)
 
     def local(state, batch, key):
-        h = _hidden(state.params["input"], batch, compute_dtype)[0]
+        h = _sparse_hidden(state.params["input"], batch, compute_dtype)[0]
         rows = state.params["output"]["weight"].shape[0]
         cand, mask = _select(state, _gather_batch(batch["labels"], data),
                              _gather_batch(h, data) if state.tables is not None else None, key,
@@ -453,7 +487,7 @@ def topk(mesh: jax.sharding.Mesh, params: Params, batch: Batch, k: int, *, num_l
         p_in, p_out = params["input"], params["output"]
         rows = p_out["weight"].shape[0]
         offset = lax.axis_index(MODEL) * rows
-        h = model.sparse_hidden(p_in["embedding"], p_in["bias"], batch["feat_ids"], batch["feat_vals"], dtype)
+        h = _dense_hidden(p_in, batch, dtype)[0]
         v, ids = scored_topk(p_out["weight"], p_out["bias"], h, k, chunk, dtype, num_valid=num_labels - offset)
         return _merge_topk(v, ids + offset, k)[1]
 
@@ -470,7 +504,7 @@ def topk_lsh(mesh: jax.sharding.Mesh, params: Params, hash_fn: Any, tables: lsh.
         p_in, p_out = params["input"], params["output"]
         rows = p_out["weight"].shape[0]
         offset = lax.axis_index(MODEL) * rows
-        h = model.sparse_hidden(p_in["embedding"], p_in["bias"], batch["feat_ids"], batch["feat_vals"], dtype)
+        h = _dense_hidden(p_in, batch, dtype)[0]
         ids, z = lsh_logits(p_out["weight"], p_out["bias"], h, hash_fn,
                                   lsh.Tables(tables.ids[0], tables.starts[0]), bucket_capacity, dtype)
         z = jnp.where(ids + offset < num_labels, z, -jnp.inf)
@@ -482,7 +516,7 @@ def topk_lsh(mesh: jax.sharding.Mesh, params: Params, hash_fn: Any, tables: lsh.
     return _shard_map(local, mesh, specs, P(DATA))(params, hash_fn, tables, batch)
 
 
-def on_mesh(mesh: jax.sharding.Mesh, num_labels: int, batch_size: int) -> Any:
+def on_mesh(mesh: jax.sharding.Mesh, num_features: int, num_labels: int, batch_size: int) -> Any:
     """This module's functions bound to a mesh, with hwrepro.sparse's signatures (init_state, make_train_step,
     rebuild, redraw, topk, topk_lsh, model_params), so a training loop written against hwrepro.sparse runs
     sharded by swapping the namespace. model_params gathers the single-device layout (`gathered_params`);
@@ -501,7 +535,7 @@ def on_mesh(mesh: jax.sharding.Mesh, num_labels: int, batch_size: int) -> Any:
         topk=lambda params, batch, k, **kw: topk(mesh, params, batch, k, num_labels=num_labels, **kw),
         topk_lsh=lambda params, hash_fn, tables, batch, k, **kw: topk_lsh(
             mesh, params, hash_fn, tables, batch, k, num_labels=num_labels, **kw),
-        model_params=lambda params: gathered_params(params, num_labels),
+        model_params=lambda params: gathered_params(params, num_features, num_labels),
         put_batch=functools.partial(parallel.put_batch, mesh),
         to_host=parallel.to_host,
     )
