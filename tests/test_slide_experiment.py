@@ -185,7 +185,8 @@ def test_bad_slide_values_are_one_line(run_launch, tmp_path, field, value, messa
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and message in p.stderr, p.stderr
 
 
-@pytest.mark.parametrize("field, value, message", BAD_SLIDE_VALUES)
+@pytest.mark.parametrize("field, value, message", BAD_SLIDE_VALUES + [
+    ("train.adam_eps", 0.0, "train.adam_eps=0.0 must be positive")])
 def test_bad_slide_values_fail_validation(field, value, message):
     from configs.slide_amazon import get_config
 

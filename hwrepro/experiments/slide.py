@@ -63,6 +63,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
             value = value[field]
         if value <= 0:
             raise ConfigError(f"{name}={value} must be positive")
+    if config.train.adam_eps <= 0:
+        raise ConfigError(f"train.adam_eps={config.train.adam_eps} must be positive")
     if config.eval.lsh.probe_bits < 0:
         raise ConfigError(f"eval.lsh.probe_bits={config.eval.lsh.probe_bits} must not be negative")
     if config.lsh.rebuild_period < 0:
@@ -183,7 +185,7 @@ def run(config: ml_collections.ConfigDict, rec: Run):
     step_fn = ops.make_train_step(m.method, learning_rate=config.train.learning_rate,
                                     num_candidates=m.num_candidates, candidate_mode=m.candidate_mode,
                                     bucket_capacity=m.bucket_capacity, min_count=m.min_count, sampler=m.sampler,
-                                    compute_dtype=compute_dtype)
+                                    compute_dtype=compute_dtype, eps=config.train.adam_eps)
     num_steps = config.train.num_steps or config.train.num_epochs * data.steps_per_epoch
 
     def train_step(state, batch):
