@@ -312,7 +312,7 @@ def _gather_batch(x: jax.Array, data: int) -> jax.Array:
 def _sparse_step(state: SlideState, batch: Batch, key: jax.Array, *, use_lsh, num_labels, m_local, bucket_capacity,
                  min_count, sampler, dtype, row_opt, hidden_opt, data, batch_size) -> tuple[SlideState, dict]:
     p_in, p_out = state.params["input"], state.params["output"]
-    num_features, rows = p_in["embedding"].shape[0], p_out["weight"].shape[0]
+    rows = p_out["weight"].shape[0]
     offset = lax.axis_index(MODEL) * rows
     h, hidden_vjp, feat_rows, e_rows = _sparse_hidden(p_in, batch, dtype)
 
@@ -331,9 +331,9 @@ def _sparse_step(state: SlideState, batch: Batch, key: jax.Array, *, use_lsh, nu
     e_now = e_rows
     if data > 1:
         g_w, g_b, g_hb = lax.psum((g_w, g_b, g_hb), DATA)
-        # Replicated E, reduced sparse rows: every replica sums the same gathered rows the same way.
+        # E's shard replicated over data, reduced sparse rows: every replica sums the same gathered rows alike.
         all_rows = lax.all_gather(feat_rows, DATA, tiled=True)
-        feat_rows, slot = unique_rows(all_rows, num_features)
+        feat_rows, slot = unique_rows(all_rows, p_in["embedding"].shape[0])
         g_e = jax.ops.segment_sum(lax.all_gather(g_e, DATA, tiled=True), slot, all_rows.size)
         e_now = None
 
