@@ -10,4 +10,9 @@ def get_config():
     # glibc's default (off) the peak was the same in every run (docs/benchmarks.md, "bf16, ISA cap, huge
     # pages, freed-memory reuse").
     c.numerics.keep_freed_memory = False
+    # A fair ceiling: at SLIDE's Adam (lr 1e-3, eps 1e-8) dense softmax stays at the label prior for the first
+    # 1,000 steps; at lr 1e-2 and eps 1e-5 it learns fastest of the settings tried (docs/slide_costs.md, "A
+    # fair dense ceiling").
+    c.train.learning_rate = 1e-2
+    c.train.adam_eps = 1e-5
     return c
