@@ -34,7 +34,7 @@ from pathlib import Path
 
 # The sibling script (this folder is on sys.path when a script of it runs).
 from slide_bench import BATCH as B, HIDDEN as H, MAX_FEATURES as FMAX, MAX_LABELS as LMAX, NUM_FEATURES as F, \
-    NUM_LABELS as N, SHARED_M as M, synthetic_batches
+    NUM_LABELS as N, SHARED_M as M, startup_environment, synthetic_batches
 
 REPO = Path(__file__).resolve().parent.parent
 _BYTES = {"f32": 4, "s32": 4, "u32": 4, "pred": 1, "bf16": 2, "u16": 2, "f64": 8, "s64": 8, "u64": 8}
@@ -141,7 +141,6 @@ def parse_mesh(spec: str) -> tuple[int, int, int, int]:
 def run_mesh(mesh: str, method: str, steps: int, platform: str = "cpu") -> dict:
     """One mesh "DxM[@C][/P]" in fresh child processes; process 0's result, with every process's devices'
     memory merged in (or {"error": ...})."""
-    import slide_bench
     from hwrepro.harness import parallel
 
     data, model, _, processes = parse_mesh(mesh)
@@ -149,7 +148,7 @@ def run_mesh(mesh: str, method: str, steps: int, platform: str = "cpu") -> dict:
     per = data * model // processes
     # As a training run starts: the launcher's glibc allocator tunables (numerics.huge_pages and
     # keep_freed_memory; without them the one-device step took twice as long here) and JAX_PLATFORMS.
-    env = slide_bench.startup_environment(platform=platform)
+    env = startup_environment(platform=platform)
     if platform == "cpu":
         env["JAX_NUM_CPU_DEVICES"] = str(per)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
