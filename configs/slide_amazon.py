@@ -49,7 +49,9 @@ def slide_config(dataset: str, method: str) -> ml_collections.ConfigDict:
     # uniform ones and SLIDE ended its epoch level with sampled softmax; with SimHash it is ahead in P@1. L = 50
     # finds harder negatives still but doubles the rebuilds. Measured at Amazon-670K's shape ("Which hash" in
     # docs/benchmarks.md).
-    c.lsh.kind = "simhash"            # a hash family of hwrepro/sparse/hashes/: simhash | dwta | yours
+    # simhash_pairs (tables from pairs of 8 half-codes: a sixth of the hashing) lost ~0.01 P@1 in one epoch
+    # (docs/slide_costs.md, "Table upkeep").
+    c.lsh.kind = "simhash"            # a hash family of hwrepro/sparse/hashes/: simhash | simhash_pairs | dwta | yours
     c.lsh.num_hashes = 16             # K: simhash bits per table (2^16 buckets); dwta hashes of log2(bin_size) bits
     c.lsh.num_tables = 25             # L
     # Each family's own options, in a group named after it (the one of lsh.kind is used):

@@ -147,6 +147,7 @@ def integer_weights(seed: int) -> np.ndarray:
 HASH_FNS = {
     "dwta": lsh.init_hash("dwta", jax.random.key(11), DIM, 2, 6, bin_size=4),  # 16 buckets
     "simhash": lsh.init_hash("simhash", jax.random.key(12), DIM, 4, 5, density=0.5),  # 16 buckets
+    "simhash_pairs": lsh.init_hash("simhash_pairs", jax.random.key(15), DIM, 4, 5, density=0.5),  # 16 buckets
 }
 
 
@@ -232,6 +233,31 @@ def test_host_and_xla_grouping_are_identical(built):
     np.testing.assert_array_equal(host.starts, device.starts)
 
 
+def test_rebuild_rehashes_the_noted_rows_into_the_tables_a_full_build_gives(built):
+    fn, weights, _ = built
+    rng = np.random.default_rng(21)
+    tables = lsh.build_tables(fn, weights, jax.random.key(22), keep_codes=True)
+    assert not np.any(tables.changed)
+    changed = rng.choice(N, 150, replace=False)
+    moved = weights.copy()
+    moved[changed] = integer_weights(23)[changed]
+    key = jax.random.key(24)
+    full = lsh.build_tables(fn, moved, key, keep_codes=True)
+    # Noted changes (padding id N and repeats allowed), over blocks of 64 rows: the full build, bit for bit.
+    noted = lsh.note_changed(tables, jnp.asarray(np.concatenate([changed, changed[:10], [N, N]])))
+    assert np.flatnonzero(noted.changed).tolist() == sorted(changed.tolist())
+    again = lsh.rebuild(fn, noted, moved, key, block=64)
+    for got, want in zip(again, full):
+        np.testing.assert_array_equal(got, want)
+    # Unnoted rows keep their old codes: the same changes unnoted leave the old buckets.
+    stale = lsh.rebuild(fn, tables, moved, key)
+    np.testing.assert_array_equal(stale.codes, tables.codes)
+    # Tables without kept codes are built in full.
+    plain = lsh.rebuild(fn, lsh.build_tables(fn, weights, key), moved, key)
+    np.testing.assert_array_equal(plain.ids, full.ids)
+    assert plain.codes is None
+
+
 def test_everything_runs_under_jit_with_functions_and_tables_as_arguments():
     traces = []
 
@@ -285,16 +311,39 @@ def test_multi_probe_returns_a_superset_of_the_plain_query(built):
     assert np.sum(probed < N) > 2 * np.sum(plain < N)
 
 
-def test_simhash_probes_flip_the_bits_nearest_their_hyperplanes():
-    fn = lsh.init_hash("simhash", jax.random.key(46), DIM, 6, 3)
+def table_planes(fn) -> np.ndarray:
+    """float64 [dim, L, K]: the hyperplane of each bit of each table (simhash_pairs: low half, then high)."""
+    planes = np.asarray(fn.planes, np.float64)
+    if isinstance(fn, simhash.PairedSimHash):
+        pairs = np.asarray(fn.pairs)
+        return np.concatenate([planes[:, pairs[:, 1]], planes[:, pairs[:, 0]]], axis=2)
+    return planes
+
+
+@pytest.mark.parametrize("kind", ["simhash", "simhash_pairs"])
+def test_simhash_probes_flip_the_bits_nearest_their_hyperplanes(kind):
+    fn = lsh.init_hash(kind, jax.random.key(46), DIM, 6, 3)
     x = np.random.default_rng(47).standard_normal((7, DIM)).astype(np.float32)
-    planes = np.asarray(fn.planes, np.float64)  # [dim, L, K]
+    planes = table_planes(fn)  # [dim, L, K]
+    bits = (np.einsum("nd,dlk->nlk", x, planes) > 0) << np.arange(6)
+    np.testing.assert_array_equal(lsh.codes(fn, x), bits.sum(axis=2))  # bit k of table l: its plane's sign
     distance = np.abs(np.einsum("nd,dlk->nlk", x, planes)) / np.linalg.norm(planes, axis=0)
     least = np.argsort(distance, axis=2)[..., :2]  # the two least certain bits of each table
     home = np.asarray(lsh.codes(fn, x))
     flip = 1 << least
     expected = np.stack([home, home ^ flip[..., 0], home ^ flip[..., 1], home ^ flip[..., 0] ^ flip[..., 1]], -1)
     np.testing.assert_array_equal(lsh.probe_codes(fn, x, 2), expected)
+
+
+def test_simhash_pairs_tables_are_distinct_pairs_of_few_half_codes():
+    fn = lsh.init_hash("simhash_pairs", jax.random.key(51), DIM, 16, 25)
+    assert fn.planes.shape == (DIM, 8, 8)  # m = 8 half-codes (28 pairs >= 25 tables): 64 planes, not 400
+    pairs = np.asarray(fn.pairs)
+    assert pairs.shape == (25, 2) and np.all(pairs[:, 0] < pairs[:, 1])
+    assert len({tuple(p) for p in pairs}) == 25
+    assert lsh.num_buckets(fn) == 2**16
+    with pytest.raises(ValueError, match="num_hashes=5 must be even"):
+        lsh.init_hash("simhash_pairs", jax.random.key(0), DIM, 5, 3)
 
 
 def test_dwta_probe_is_the_bucket_where_the_runner_up_wins():

@@ -17,6 +17,13 @@ FIFO / reservoir bucket replacement with a fixed bucket size.
     tables = lsh.build_tables(fn, weights, key)             # weights [N, 128]
     ids = lsh.query(fn, tables, x, bucket_capacity=16)      # x [B, 128] -> [B, 25, 16], padded with N
 
+Built with `keep_codes=True`, Tables also keep every row's codes, and a rebuild hashes only the rows noted
+as changed since (training touches about half of W's rows between two of SLIDE's rebuilds):
+
+    tables = lsh.build_tables(fn, weights, key, keep_codes=True)
+    tables = lsh.note_changed(tables, row_ids)               # rows whose weights changed (each step)
+    tables = lsh.rebuild(fn, tables, weights, key)           # = build_tables(fn, weights, key, keep_codes=True)
+
 Tables kept up to date between full builds use the other layout, `BucketTables`: fixed-capacity buckets
 (SLIDE's own: a bucket holds at most C ids) plus, per row, the bucket and slot it is filed in, so one changed
 row is moved in O(L * C) work instead of a rebuild's O(L * N log N):
@@ -58,10 +65,16 @@ class Tables(NamedTuple):
 
     ids: int32 [L, N]: neuron ids of table l sorted by bucket; random order inside a bucket.
     starts: int32 [L, num_buckets + 1]: bucket b of table l is ids[l, starts[l, b]:starts[l, b + 1]].
+    codes: int32 [L, N], every row's bucket in every table, or None: kept (`build_tables(..., keep_codes=True)`)
+        so that `rebuild` re-hashes only the rows noted in `changed` since.
+    changed: bool [N] or None (with codes): rows whose weights changed since the tables were built
+        (`note_changed`, each training step).
     """
 
     ids: Array
     starts: Array
+    codes: Array | None = None
+    changed: Array | None = None
 
 
 class BucketTables(NamedTuple):
@@ -89,10 +102,10 @@ class BucketTables(NamedTuple):
 
 def layout(tables: Tables | BucketTables) -> dict[str, int]:
     """The `build_tables` arguments that give tables of the same layout and sizes (for rebuilds and redraws):
-    {} for Tables, {"capacity": C, "pending_rows": P} for BucketTables."""
+    {"keep_codes": kept or not} for Tables, {"capacity": C, "pending_rows": P} for BucketTables."""
     if isinstance(tables, BucketTables):
         return {"capacity": tables.slots.shape[2], "pending_rows": tables.pending.shape[0]}
-    return {}
+    return {"keep_codes": tables.codes is not None}
 
 
 def init_hash(kind: str, key: Array, dim: int, num_hashes: int, num_tables: int, **options: Any) -> HashFn:
@@ -158,9 +171,9 @@ def mips_queries(x: Array) -> Array:
 # -------------------------------------------------------------------------------------------------------- tables
 
 
-@functools.partial(jax.jit, static_argnames=("host_sort", "capacity", "pending_rows"))
+@functools.partial(jax.jit, static_argnames=("host_sort", "capacity", "pending_rows", "keep_codes"))
 def build_tables(fn: HashFn, weights: Array, key: Array, *, host_sort: bool | None = None, capacity: int = 0,
-                 pending_rows: int = 0) -> Tables | BucketTables:
+                 pending_rows: int = 0, keep_codes: bool = False) -> Tables | BucketTables:
     """Hashes every weight row (one per output neuron) and groups the ids by bucket in each table.
 
     weights: float [N, dim]; key: a PRNG key for the random order inside buckets.
@@ -170,30 +183,63 @@ def build_tables(fn: HashFn, weights: Array, key: Array, *, host_sort: bool | No
     capacity: 0 for Tables(ids int32 [L, N], starts int32 [L, num_buckets + 1]), every id; C > 0 for
         BucketTables holding the first C ids of each bucket of those (a uniform sample of a larger bucket),
         with room for `pending_rows` changed-row ids between refiles.
+    keep_codes: Tables only: keep every row's bucket codes (67 MB at Amazon-670K's size), so that `rebuild`
+        re-hashes only the rows that changed since.
     """
-    if host_sort is None:
-        host_sort = jax.default_backend() == "cpu"
     bucket_codes = table_codes(fn, weights)  # [L, N]
     tables = _group(bucket_codes, num_buckets(fn), key, host_sort)
+    if keep_codes and not capacity:
+        return tables._replace(codes=bucket_codes, changed=jnp.zeros(bucket_codes.shape[1], bool))
     if not capacity:
         return tables
     check_positive(capacity=capacity)
     return _to_buckets(tables, bucket_codes, capacity, pending_rows)
 
 
-def _group(bucket_codes: Array, buckets: int, key: Array, host_sort: bool) -> Tables:
+@functools.partial(jax.jit, static_argnames=("host_sort", "block"))
+def rebuild(fn: HashFn, tables: Tables | BucketTables, weights: Array, key: Array, *,
+            host_sort: bool | None = None, block: int = 8192) -> Tables | BucketTables:
+    """New tables of the same layout for the current weights float [N, dim] and the same hash functions.
+
+    Tables with kept codes (`build_tables(..., keep_codes=True)`): only the rows noted in `tables.changed` are
+    hashed again (`block` rows at a time, as many blocks as there are such rows), the others keep their codes;
+    then every table is grouped anew. Other tables: `build_tables` with their layout.
+
+    The same tables as a full build, bit for bit when the projections are exact (a projection within float
+    rounding of zero may flip its bit between matmul shapes, as in any build); `changed` is cleared. Training
+    touches ~45% of W's rows between two of SLIDE's rebuilds at Amazon-670K's size (50 steps x 8,192 rows),
+    so this hashes about half the rows a full build does (docs/slide_costs.md).
+    """
+    if isinstance(tables, BucketTables) or tables.codes is None:
+        return build_tables(fn, weights.astype(jnp.float32), key, host_sort=host_sort, **layout(tables))
+    n = tables.changed.shape[0]
+    count = jnp.sum(tables.changed, dtype=jnp.int32)
+    block = max(1, min(block, n))
+    rows = jnp.nonzero(tables.changed, size=-(-n // block) * block, fill_value=n)[0].astype(jnp.int32)
+
+    def rehash(i: Array, codes: Array) -> Array:
+        r = lax.dynamic_slice_in_dim(rows, i * block, block)
+        new = table_codes(fn, weights.at[r].get(mode="clip").astype(jnp.float32))  # [L, block]
+        return codes.at[:, r].set(new, mode="drop", unique_indices=True)  # padding rows (n) are dropped
+
+    codes = lax.fori_loop(0, -(-count // block), rehash, tables.codes)
+    grouped = _group(codes, num_buckets(fn), key, host_sort)
+    return grouped._replace(codes=codes, changed=jnp.zeros_like(tables.changed))
+
+
+def _group(bucket_codes: Array, buckets: int, key: Array, host_sort: bool | None) -> Tables:
     """Tables of bucket codes int32 [L, N]: ids sorted by (bucket, random noise), and bucket starts."""
-    noise, id_bits, rand_bits = _sort_key_parts(bucket_codes, buckets, key)
+    if host_sort is None:
+        host_sort = jax.default_backend() == "cpu"
+    keys, id_bits, code_bits = _sort_keys(bucket_codes, buckets, key)
     if host_sort:
-        group = functools.partial(_host_group_by_bucket, buckets=buckets, id_bits=id_bits, rand_bits=rand_bits)
+        group = functools.partial(_host_group_by_bucket, buckets=buckets, id_bits=id_bits, code_bits=code_bits)
         shapes = Tables(ids=jax.ShapeDtypeStruct(bucket_codes.shape, jnp.int32),
                         starts=jax.ShapeDtypeStruct((bucket_codes.shape[0], buckets + 1), jnp.int32))
-        return Tables(*jax.pure_callback(group, shapes, bucket_codes, noise, vmap_method="expand_dims"))
+        return Tables(*jax.pure_callback(group, shapes, keys, vmap_method="expand_dims"))
     with jax.enable_x64(True):  # JAX has uint64 only with x64 on; only these few ops need it
         u64 = jnp.uint64
-        packed = ((bucket_codes.astype(u64) << u64(rand_bits + id_bits))
-                  | (noise.astype(u64) << u64(id_bits))
-                  | lax.broadcasted_iota(u64, bucket_codes.shape, 1))
+        packed = (keys.astype(u64) << u64(id_bits)) | lax.broadcasted_iota(u64, bucket_codes.shape, 1)
         ids = (jnp.sort(packed, axis=1) & u64((1 << id_bits) - 1)).astype(jnp.int32)
     table = jnp.arange(bucket_codes.shape[0])[:, None]
     sizes = jnp.zeros((bucket_codes.shape[0], buckets), jnp.int32).at[table, bucket_codes].add(1)
@@ -217,22 +263,24 @@ def _to_buckets(tables: Tables, bucket_codes: Array, capacity: int, pending_rows
                         num_pending=jnp.zeros((), jnp.int32))
 
 
-def _sort_key_parts(bucket_codes: Array, buckets: int, key: Array) -> tuple[Array, int, int]:
+def _sort_keys(bucket_codes: Array, buckets: int, key: Array) -> tuple[Array, int, int]:
     """How ids are grouped: one sort per table of unique uint64 keys (bucket | noise | id).
 
-    Returns the noise (uint32 [L, N], `rand_bits` random bits each, the in-bucket order), id_bits, rand_bits.
-    Sorting one primitive array takes XLA:CPU's std::sort path; an argsort (a payload operand) or a second
-    sort key instead calls a compiled comparator per comparison, several times slower; the id is read back
-    from the key's low bits. Bucket starts come from a histogram (or bincount), not from a searchsorted of
-    2**18 + 1 boundaries, which costs more than the histogram's scatter-add on CPU.
+    Returns keys uint32 [L, N] (the bucket in the high `code_bits`, random noise in the rest: the in-bucket
+    order; ties, rare, go by id), id_bits and code_bits; the sort key is (keys << id_bits) | id. One uint32
+    array is what the NumPy callback takes (half the bytes of codes and noise apart). Sorting one primitive
+    array takes XLA:CPU's std::sort path; an argsort (a payload operand) or a second sort key instead calls a
+    compiled comparator per comparison, several times slower; the id is read back from the key's low bits.
+    Bucket starts come from a histogram (or bincount), not from a searchsorted of 2**18 + 1 boundaries,
+    which costs more than the histogram's scatter-add on CPU.
     """
     n = bucket_codes.shape[1]
     if n >= 2**31:
         raise ValueError(f"{n} neurons do not fit int32 ids")
     id_bits = max(1, (n - 1).bit_length())
-    code_bits = max(1, (buckets - 1).bit_length())
-    rand_bits = min(32, 64 - id_bits - code_bits)  # >= 3, as code_bits <= 30 and id_bits <= 31
-    return _keyed_mix(key, bucket_codes.shape) >> (32 - rand_bits), id_bits, rand_bits
+    code_bits = max(1, (buckets - 1).bit_length())  # <= 30 (MAX_BUCKET_BITS): >= 2 bits of noise
+    noise = _keyed_mix(key, bucket_codes.shape) >> code_bits
+    return (bucket_codes.astype(jnp.uint32) << (32 - code_bits)) | noise, id_bits, code_bits
 
 
 def _keyed_mix(key: Array, shape: tuple[int, int]) -> Array:
@@ -253,37 +301,33 @@ def _fmix32(h: Array) -> Array:
     return h ^ (h >> 16)
 
 
-def _host_group_by_bucket(
-    bucket_codes: Array, noise: Array, *, buckets: int, id_bits: int, rand_bits: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """build_tables' grouping in NumPy (ids, starts), the same keys as its XLA path, so the same result.
+def _host_group_by_bucket(keys: Array, *, buckets: int, id_bits: int, code_bits: int) -> tuple[np.ndarray, np.ndarray]:
+    """build_tables' grouping in NumPy (ids, starts) of `_sort_keys`' keys, as its XLA path: the same result.
 
     One table at a time and in place: a table's keys (5 MB at Amazon-670K's size) stay in cache and no
     [L, N] uint64 temporaries are allocated (fresh pages cost more here than the sort's memory traffic).
     Tables are spread over one thread per core (NumPy's sort and element-wise passes release the GIL): the
     callback otherwise runs on one core while XLA's threads wait for it.
     """
-    bucket_codes, noise = np.asarray(bucket_codes), np.asarray(noise)  # callbacks get jax.Arrays
+    keys = np.asarray(keys)  # callbacks get jax.Arrays
     u64 = np.uint64
-    column = np.arange(bucket_codes.shape[-1], dtype=u64)
-    ids = np.empty(bucket_codes.shape, np.int32)
-    starts = np.zeros((*bucket_codes.shape[:-1], buckets + 1), np.int32)
+    column = np.arange(keys.shape[-1], dtype=u64)
+    ids = np.empty(keys.shape, np.int32)
+    starts = np.zeros((*keys.shape[:-1], buckets + 1), np.int32)
 
     def group(row: tuple[int, ...]) -> None:
-        packed = bucket_codes[row].astype(u64)
-        packed <<= u64(rand_bits)
-        packed |= noise[row]
+        packed = keys[row].astype(u64)
         packed <<= u64(id_bits)
         packed |= column
         packed.sort()
         packed &= u64((1 << id_bits) - 1)
         ids[row] = packed
         # An int64 cumsum then a copy: faster than a cumsum that casts as it writes into int32.
-        starts[row][1:] = np.cumsum(np.bincount(bucket_codes[row], minlength=buckets))
+        starts[row][1:] = np.cumsum(np.bincount(keys[row] >> np.uint32(32 - code_bits), minlength=buckets))
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1  # numerics.threads holds
     with concurrent.futures.ThreadPoolExecutor(cores) as pool:
-        list(pool.map(group, np.ndindex(bucket_codes.shape[:-1])))  # tables (and any vmapped axes)
+        list(pool.map(group, np.ndindex(keys.shape[:-1])))  # tables (and any vmapped axes)
     return ids, starts
 
 
@@ -351,13 +395,16 @@ def lookup(tables: Tables | BucketTables, bucket_codes: Array, bucket_capacity: 
 
 
 def note_changed(tables: Tables | BucketTables, ids: Array) -> Tables | BucketTables:
-    """Notes rows whose weights changed, for the next `refile`: ids int32 [...] (N = none; repeats allowed).
+    """Notes rows whose weights changed, for the next `refile` or `rebuild`: ids int32 [...] (N = none;
+    repeats allowed).
 
-    O(ids.size): the ids are appended to `tables.pending`; ids past its size are dropped (and counted in
-    num_pending). Tables (sorted, rebuilt in full) keep no record and come back as they are.
+    O(ids.size): BucketTables append the ids to `tables.pending` (ids past its size are dropped and counted in
+    num_pending); Tables with kept codes set them in `changed`; Tables without keep no record.
     """
     if not isinstance(tables, BucketTables):
-        return tables
+        if tables.changed is None:
+            return tables
+        return tables._replace(changed=tables.changed.at[ids.ravel()].set(True, mode="drop"))
     flat = ids.ravel().astype(jnp.int32)
     at = tables.num_pending + jnp.arange(flat.size, dtype=jnp.int32)
     return tables._replace(pending=tables.pending.at[at].set(flat, mode="drop"),

@@ -91,8 +91,8 @@ class SlideState:
       are kept as uint16 bit patterns (sparse_adam.to_storage: row scatters in place). `model_params` gives
       the modules' view.
     opt_state: SparseOptState (methods "lsh", "sampled") or an optax Adam state over params ("dense").
-    hash_fn, tables: the LSH functions and tables over the rows of W (method "lsh"; None otherwise): lsh.Tables,
-      or lsh.BucketTables, in which each step notes the rows of W it changed for `refile`.
+    hash_fn, tables: the LSH functions and tables over the rows of W (method "lsh"; None otherwise): lsh.Tables
+      or lsh.BucketTables, in which each step notes the rows of W it changed (for `rebuild` or `refile`).
     step: int32 scalar, steps taken.
     lsh_spec: static; how hash functions are (re)drawn.
     """
@@ -139,10 +139,11 @@ def init_state(
     """A fresh training state for `method` ("lsh", "sampled" or "dense").
 
     param_dtype is the storage dtype of E and W (float32 or bfloat16); biases stay float32. For "lsh" the
-    hash functions are drawn and the tables built from the initial W: with table_capacity 0, lsh.Tables
-    (every id, rebuilt in full); with C > 0, lsh.BucketTables of C ids per bucket that `refile` keeps up to
-    date between rebuilds, noting up to `pending_rows` changed rows (`changed_rows_per_step` per step) between
-    two refiles. Rebuilds and redraws keep the layout.
+    hash functions are drawn and the tables built from the initial W: with table_capacity 0, lsh.Tables with
+    kept codes (every id, regrouped in full by each rebuild, which re-hashes only the rows changed since);
+    with C > 0, lsh.BucketTables of C ids per bucket that `refile` keeps up to date between rebuilds, noting
+    up to `pending_rows` changed rows (`changed_rows_per_step` per step) between two refiles. Rebuilds and
+    redraws keep the layout.
     """
     _check(method, METHODS, "method")
     k_params, k_hash, k_tables = jax.random.split(key, 3)
@@ -157,8 +158,8 @@ def init_state(
     hash_fn = tables = None
     if method == "lsh":
         hash_fn = lsh_spec.init(k_hash, hidden)
-        tables = _build(hash_fn, params["output"]["weight"], k_tables, capacity=table_capacity,
-                        pending_rows=pending_rows)
+        layout = dict(capacity=table_capacity, pending_rows=pending_rows) if table_capacity else dict(keep_codes=True)
+        tables = _build(hash_fn, params["output"]["weight"], k_tables, **layout)
     return SlideState(params=params, opt_state=opt_state, hash_fn=hash_fn, tables=tables,
                       step=jnp.zeros((), jnp.int32), lsh_spec=lsh_spec if method == "lsh" else None)
 
@@ -174,9 +175,10 @@ def _build(hash_fn: Any, weight: jax.Array, key: jax.Array, **layout: int) -> An
 
 @functools.partial(jax.jit, donate_argnums=0)
 def rebuild(state: SlideState, key: jax.Array) -> SlideState:
-    """Re-inserts the current rows of W into the LSH tables (same hash functions, same layout)."""
-    return state.replace(tables=_build(state.hash_fn, state.params["output"]["weight"], key,
-                                       **lsh.layout(state.tables)))
+    """Re-inserts the current rows of W into the LSH tables (same hash functions, same layout; lsh.rebuild:
+    with kept codes, only the rows the steps changed are hashed again)."""
+    weight = sparse_adam.from_storage(state.params["output"]["weight"])
+    return state.replace(tables=lsh.rebuild(state.hash_fn, state.tables, weight, key))
 
 
 @functools.partial(jax.jit, donate_argnums=0)
