@@ -2,6 +2,7 @@
 
     python benchmarks/lsh_inference.py --quick                       # the tiny synthetic set, seconds
     python benchmarks/lsh_inference.py --state /tmp/amazon_state.pkl  # the main job, trained here once
+    python benchmarks/lsh_inference.py --state /tmp/lr3e-3.pkl --set train.learning_rate=3e-3 --set train.adam_eps=1e-6
 
 Full mode trains configs/slide_amazon.py (the main job; --steps N for fewer steps, 0 = its epoch) in this
 process, bit for bit the main job's training, and keeps the trained parameters and hash functions in --state
@@ -23,10 +24,14 @@ each with multi-probe 2^m buckets per table for m in --probes.
 from __future__ import annotations
 
 import argparse
+import ast
 import pickle
+import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # configs/ (the configs are modules)
 
 MAIN_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "slide_amazon.py"
 # (family, K, L, tables): "w" fresh tables over w, "mips" fresh tables over (w, b); first the run's own.
@@ -34,7 +39,7 @@ SETTINGS = (("simhash", 8, 50, "mips"), ("simhash", 10, 25, "mips"), ("dwta", 6,
 QUICK_SETTINGS = (("simhash", 4, 16, "mips"), ("dwta", 2, 16, "w"), ("dwta", 2, 16, "mips"))
 
 
-def config_for(quick: bool, steps: int, points: int):
+def config_for(quick: bool, steps: int, points: int, overrides: tuple[str, ...] = ()):
     from configs.slide_amazon import slide_config
     from hwrepro.harness.config import load_config_file
 
@@ -50,6 +55,13 @@ def config_for(quick: bool, steps: int, points: int):
     c.train.checkpoint_every = 0
     c.eval.final_points = points
     c.eval.lsh.tables = "training"  # the run's own final evaluation: the cheapest; this script does the rest
+    for override in overrides:  # FIELD=VALUE, the value a Python literal (a bare word: a string)
+        field, _, text = override.partition("=")
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            value = text
+        c.update_from_flattened_dict({field: value})
     return c
 
 
@@ -88,14 +100,17 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=0, help="training steps (0: the config's epochs)")
     parser.add_argument("--points", type=int, default=8192, help="test points (a fixed shuffled subset)")
     parser.add_argument("--probes", default="0,1,2,3", help="multi-probe bits m to try (2^m buckets per table)")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                        help="a config field of the trained run, e.g. train.learning_rate=3e-3 (repeatable)")
     args = parser.parse_args()
     if not args.quick and args.state is None:
         parser.error("full mode needs --state PATH (the trained state is kept there)")
     benchmark(args.quick, args.state, args.steps, min(args.points, 1000) if args.quick else args.points,
-              [int(m) for m in args.probes.split(",")])
+              [int(m) for m in args.probes.split(",")], tuple(args.set))
 
 
-def benchmark(quick: bool, state_path: Path | None, steps: int, points: int, probes: list[int]) -> None:
+def benchmark(quick: bool, state_path: Path | None, steps: int, points: int, probes: list[int],
+              overrides: tuple[str, ...] = ()) -> None:
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -104,7 +119,7 @@ def benchmark(quick: bool, state_path: Path | None, steps: int, points: int, pro
     from hwrepro import sparse
     from hwrepro.sparse import lsh
 
-    config = config_for(quick, steps, points)
+    config = config_for(quick, steps, points, overrides)
     if state_path is not None and state_path.exists():
         trained = pickle.loads(state_path.read_bytes())
     else:
