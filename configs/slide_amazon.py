@@ -61,8 +61,9 @@ def slide_config(dataset: str, method: str) -> ml_collections.ConfigDict:
     c.lsh.rebuild_decay = 0.01        # ...with the period growing as training settles (exp(decay * i))
     c.lsh.redraw_period = 1000        # ...and draws new hash functions every 1,000 batches
     c.lsh.redraw_decay = 0.0
-    # How the tables follow W between those full rebuilds: "rebuild" keeps every id, sorted by bucket, and
-    # changes nothing in between (stale rows stay where they were); "incremental" keeps buckets of
+    # How the tables follow W between those rebuilds: "rebuild" keeps every id, sorted by bucket, and changes
+    # nothing in between (stale rows stay where they were; each rebuild re-hashes only the rows changed since
+    # the last and regroups every table, hwrepro.sparse.lsh.rebuild); "incremental" keeps buckets of
     # model.bucket_capacity ids (SLIDE's fixed bucket size, reservoir replacement when full) and every
     # lsh.update_every steps re-hashes only the rows the steps changed and moves them (hwrepro.sparse.lsh.refile).
     # Rebuilds and redraws stay on the schedule above in both. Staleness against cost: docs/slide_costs.md,
