@@ -90,7 +90,8 @@ def train(config):
     print(f"trained {final['steps']} steps, {final['seconds_per_epoch']:.1f} s/epoch; param_sha256 "
           f"{final['param_sha256'][:16]}...", flush=True)
     host = lambda tree: jax.tree_util.tree_map(np.asarray, tree)
-    return host(sparse.model_params(state.params)), host(state.hash_fn), host(state.tables)
+    tables = sparse.lsh.Tables(state.tables.ids, state.tables.starts)  # the queries' part (no kept codes)
+    return host(sparse.model_params(state.params)), host(state.hash_fn), host(tables)
 
 
 def main() -> None:
@@ -121,11 +122,15 @@ def benchmark(quick: bool, state_path: Path | None, steps: int, points: int, pro
 
     config = config_for(quick, steps, points, overrides)
     if state_path is not None and state_path.exists():
-        trained = pickle.loads(state_path.read_bytes())
+        kept = pickle.loads(state_path.read_bytes())
+        if not isinstance(kept, dict) or kept.get("overrides") != list(overrides):
+            sys.exit(f"{state_path} was trained with other --set overrides "
+                     f"({kept.get('overrides') if isinstance(kept, dict) else 'unknown'}): remove it or pick another path")
+        trained = kept["trained"]
     else:
         trained = train(config)
         if state_path is not None:
-            state_path.write_bytes(pickle.dumps(trained))
+            state_path.write_bytes(pickle.dumps({"overrides": list(overrides), "trained": trained}))
     params, hash_fn, training_tables = jax.tree_util.tree_map(jnp.asarray, trained)
     test = hwdata.load(config, "labels").test
     batches = list(test.ordered(config.eval.batch_size))

@@ -163,7 +163,8 @@ def child(spec: dict) -> dict:
     out["loss"], out["candidates"] = holder["loss"], holder["cand"]
     if method == "lsh" and spec.get("rebuild_repeats"):
         # Each rebuild follows the steps of one rebuild period (untimed): a rebuild re-hashes only the rows
-        # the steps changed since the last one (lsh.rebuild), ~45% of them after 50 steps in the main job.
+        # the steps changed since the last one (lsh.rebuild). These 4 synthetic batches change another share
+        # than the main job's ~45% after 50 steps: returned as rebuild_changed.
         rebuild_ms, changed = [], []
         for _ in range(spec["rebuild_repeats"] + 1):
             for _ in range(spec["rebuild_period"]):

@@ -56,6 +56,7 @@ def slide_config(dataset: str, method: str) -> ml_collections.ConfigDict:
     c.lsh.num_tables = 25             # L
     # Each family's own options, in a group named after it (the one of lsh.kind is used):
     c.lsh.simhash = ml_collections.ConfigDict(dict(density=1.0))  # Gaussian planes; SLIDE's sparse "ratio 3" ~1/3
+    c.lsh.simhash_pairs = ml_collections.ConfigDict(dict(density=1.0))
     c.lsh.dwta = ml_collections.ConfigDict(dict(bin_size=8))      # SLIDE's bin size (6 hashes x 3 bits = RangePow 18)
     c.lsh.rebuild_period = 50         # SLIDE's Amazon config rehashes tables every 50 batches (0: only at redraws)...
     c.lsh.rebuild_decay = 0.01        # ...with the period growing as training settles (exp(decay * i))

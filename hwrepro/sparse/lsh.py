@@ -89,7 +89,8 @@ class BucketTables(NamedTuple):
     num_pending: int32 []: ids noted since the last refile; those past P were dropped (size P for the rows
         that change between two refiles).
 
-    At Amazon-670K's size (L = 25, 2^16 buckets, C = 16) the arrays take 245 MB, against 74 MB for Tables.
+    At Amazon-670K's size (L = 25, 2^16 buckets, C = 16) the arrays take 245 MB, against 74 MB for Tables (141 MB
+    with kept codes).
     """
 
     slots: Array
@@ -100,7 +101,7 @@ class BucketTables(NamedTuple):
     num_pending: Array
 
 
-def layout(tables: Tables | BucketTables) -> dict[str, int]:
+def layout(tables: Tables | BucketTables) -> dict[str, int | bool]:
     """The `build_tables` arguments that give tables of the same layout and sizes (for rebuilds and redraws):
     {"keep_codes": kept or not} for Tables, {"capacity": C, "pending_rows": P} for BucketTables."""
     if isinstance(tables, BucketTables):
@@ -109,9 +110,9 @@ def layout(tables: Tables | BucketTables) -> dict[str, int]:
 
 
 def init_hash(kind: str, key: Array, dim: int, num_hashes: int, num_tables: int, **options: Any) -> HashFn:
-    """Draws the hash functions of family `kind` ("simhash", "dwta", or any registered one) for `dim`-dimensional
-    vectors: `num_tables` tables (L) of `num_hashes` hashes (K) each; `options` are the family's own (SimHash:
-    density; DWTA: bin_size, num_probes)."""
+    """Draws the hash functions of family `kind` ("simhash", "simhash_pairs", "dwta", or any registered one)
+    for `dim`-dimensional vectors: `num_tables` tables (L) of `num_hashes` hashes (K) each; `options` are the
+    family's own (SimHash, simhash_pairs: density; DWTA: bin_size, num_probes)."""
     return FAMILIES.get(kind, "lsh.kind").init(key, dim, num_hashes, num_tables, **options)
 
 
@@ -220,7 +221,8 @@ def rebuild(fn: HashFn, tables: Tables | BucketTables, weights: Array, key: Arra
     def rehash(i: Array, codes: Array) -> Array:
         r = lax.dynamic_slice_in_dim(rows, i * block, block)
         new = table_codes(fn, weights.at[r].get(mode="clip").astype(jnp.float32))  # [L, block]
-        return codes.at[:, r].set(new, mode="drop", unique_indices=True)  # padding rows (n) are dropped
+        r = jnp.where(r < n, r, n + jnp.arange(block, dtype=jnp.int32))  # padding: distinct, out of range
+        return codes.at[:, r].set(new, mode="drop", unique_indices=True)  # (dropped)
 
     codes = lax.fori_loop(0, -(-count // block), rehash, tables.codes)
     grouped = _group(codes, num_buckets(fn), key, host_sort)
@@ -231,15 +233,19 @@ def _group(bucket_codes: Array, buckets: int, key: Array, host_sort: bool | None
     """Tables of bucket codes int32 [L, N]: ids sorted by (bucket, random noise), and bucket starts."""
     if host_sort is None:
         host_sort = jax.default_backend() == "cpu"
-    keys, id_bits, code_bits = _sort_keys(bucket_codes, buckets, key)
+    id_bits, rand_bits = _key_bits(bucket_codes.shape[1], buckets)
+    seeds = _row_seeds(key, bucket_codes.shape[0])
     if host_sort:
-        group = functools.partial(_host_group_by_bucket, buckets=buckets, id_bits=id_bits, code_bits=code_bits)
+        group = functools.partial(_host_group_by_bucket, buckets=buckets, id_bits=id_bits, rand_bits=rand_bits)
         shapes = Tables(ids=jax.ShapeDtypeStruct(bucket_codes.shape, jnp.int32),
                         starts=jax.ShapeDtypeStruct((bucket_codes.shape[0], buckets + 1), jnp.int32))
-        return Tables(*jax.pure_callback(group, shapes, keys, vmap_method="expand_dims"))
+        return Tables(*jax.pure_callback(group, shapes, bucket_codes, seeds, vmap_method="expand_dims"))
+    noise = _fmix32(lax.broadcasted_iota(jnp.uint32, bucket_codes.shape, 1) ^ seeds) >> (32 - rand_bits)
     with jax.enable_x64(True):  # JAX has uint64 only with x64 on; only these few ops need it
         u64 = jnp.uint64
-        packed = (keys.astype(u64) << u64(id_bits)) | lax.broadcasted_iota(u64, bucket_codes.shape, 1)
+        packed = ((bucket_codes.astype(u64) << u64(rand_bits + id_bits))
+                  | (noise.astype(u64) << u64(id_bits))
+                  | lax.broadcasted_iota(u64, bucket_codes.shape, 1))
         ids = (jnp.sort(packed, axis=1) & u64((1 << id_bits) - 1)).astype(jnp.int32)
     table = jnp.arange(bucket_codes.shape[0])[:, None]
     sizes = jnp.zeros((bucket_codes.shape[0], buckets), jnp.int32).at[table, bucket_codes].add(1)
@@ -263,24 +269,27 @@ def _to_buckets(tables: Tables, bucket_codes: Array, capacity: int, pending_rows
                         num_pending=jnp.zeros((), jnp.int32))
 
 
-def _sort_keys(bucket_codes: Array, buckets: int, key: Array) -> tuple[Array, int, int]:
-    """How ids are grouped: one sort per table of unique uint64 keys (bucket | noise | id).
+def _key_bits(n: int, buckets: int) -> tuple[int, int]:
+    """How ids are grouped: one sort per table of unique uint64 keys (bucket | noise | id); returns id_bits and
+    rand_bits, the noise's width (the in-bucket order: murmur3's finalizer of (id xor a seed per table), its
+    top rand_bits, 28 at Amazon-670K's size).
 
-    Returns keys uint32 [L, N] (the bucket in the high `code_bits`, random noise in the rest: the in-bucket
-    order; ties, rare, go by id), id_bits and code_bits; the sort key is (keys << id_bits) | id. One uint32
-    array is what the NumPy callback takes (half the bytes of codes and noise apart). Sorting one primitive
-    array takes XLA:CPU's std::sort path; an argsort (a payload operand) or a second sort key instead calls a
-    compiled comparator per comparison, several times slower; the id is read back from the key's low bits.
-    Bucket starts come from a histogram (or bincount), not from a searchsorted of 2**18 + 1 boundaries,
-    which costs more than the histogram's scatter-add on CPU.
+    Sorting one primitive array takes XLA:CPU's std::sort path; an argsort (a payload operand) or a second
+    sort key instead calls a compiled comparator per comparison, several times slower; the id is read back
+    from the key's low bits. Bucket starts come from a histogram (or bincount), not from a searchsorted of
+    2**18 + 1 boundaries, which costs more than the histogram's scatter-add on CPU. The NumPy path computes
+    the noise itself from the seeds: one [L, N] input less to copy into the callback.
     """
-    n = bucket_codes.shape[1]
     if n >= 2**31:
         raise ValueError(f"{n} neurons do not fit int32 ids")
     id_bits = max(1, (n - 1).bit_length())
-    code_bits = max(1, (buckets - 1).bit_length())  # <= 30 (MAX_BUCKET_BITS): >= 2 bits of noise
-    noise = _keyed_mix(key, bucket_codes.shape) >> code_bits
-    return (bucket_codes.astype(jnp.uint32) << (32 - code_bits)) | noise, id_bits, code_bits
+    code_bits = max(1, (buckets - 1).bit_length())
+    return id_bits, min(32, 64 - id_bits - code_bits)  # >= 3, as code_bits <= 30 and id_bits <= 31
+
+
+def _row_seeds(key: Array, rows: int) -> Array:
+    """uint32 [rows, 1]: one random word per row (table) for `_keyed_mix`."""
+    return jax.random.bits(key, (rows, 1), jnp.uint32)
 
 
 def _keyed_mix(key: Array, shape: tuple[int, int]) -> Array:
@@ -289,7 +298,7 @@ def _keyed_mix(key: Array, shape: tuple[int, int]) -> Array:
     murmur3's 32-bit finalizer of (index xor a random seed per row): fully avalanching, and far cheaper on
     CPU than L * N threefry bits, which at Amazon-670K's size would cost more than NumPy's whole sort.
     """
-    return _fmix32(lax.broadcasted_iota(jnp.uint32, shape, 1) ^ jax.random.bits(key, (shape[0], 1), jnp.uint32))
+    return _fmix32(lax.broadcasted_iota(jnp.uint32, shape, 1) ^ _row_seeds(key, shape[0]))
 
 
 def _fmix32(h: Array) -> Array:
@@ -301,33 +310,45 @@ def _fmix32(h: Array) -> Array:
     return h ^ (h >> 16)
 
 
-def _host_group_by_bucket(keys: Array, *, buckets: int, id_bits: int, code_bits: int) -> tuple[np.ndarray, np.ndarray]:
-    """build_tables' grouping in NumPy (ids, starts) of `_sort_keys`' keys, as its XLA path: the same result.
+def _host_group_by_bucket(
+    bucket_codes: Array, seeds: Array, *, buckets: int, id_bits: int, rand_bits: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """build_tables' grouping in NumPy (ids, starts): the same keys as its XLA path, so the same result.
 
     One table at a time and in place: a table's keys (5 MB at Amazon-670K's size) stay in cache and no
-    [L, N] uint64 temporaries are allocated (fresh pages cost more here than the sort's memory traffic).
-    Tables are spread over one thread per core (NumPy's sort and element-wise passes release the GIL): the
-    callback otherwise runs on one core while XLA's threads wait for it.
+    [L, N] temporaries are allocated (fresh pages cost more here than the sort's memory traffic). Tables are
+    spread over one thread per core (NumPy's sort and element-wise passes release the GIL): the callback
+    otherwise runs on one core while XLA's threads wait for it.
     """
-    keys = np.asarray(keys)  # callbacks get jax.Arrays
-    u64 = np.uint64
-    column = np.arange(keys.shape[-1], dtype=u64)
-    ids = np.empty(keys.shape, np.int32)
-    starts = np.zeros((*keys.shape[:-1], buckets + 1), np.int32)
+    bucket_codes = np.asarray(bucket_codes)  # callbacks get jax.Arrays
+    seeds = np.broadcast_to(np.asarray(seeds), (*bucket_codes.shape[:-1], 1))  # a vmapped key or not
+    u32, u64 = np.uint32, np.uint64
+    column32 = np.arange(bucket_codes.shape[-1], dtype=u32)
+    column = column32.astype(u64)
+    ids = np.empty(bucket_codes.shape, np.int32)
+    starts = np.zeros((*bucket_codes.shape[:-1], buckets + 1), np.int32)
 
     def group(row: tuple[int, ...]) -> None:
-        packed = keys[row].astype(u64)
+        noise = column32 ^ seeds[row][0]  # _fmix32, in place
+        for shift, multiplier in ((16, 0x85EBCA6B), (13, 0xC2B2AE35)):
+            noise ^= noise >> u32(shift)
+            noise *= u32(multiplier)
+        noise ^= noise >> u32(16)
+        noise >>= u32(32 - rand_bits)
+        packed = bucket_codes[row].astype(u64)
+        packed <<= u64(rand_bits)
+        packed |= noise
         packed <<= u64(id_bits)
         packed |= column
         packed.sort()
         packed &= u64((1 << id_bits) - 1)
         ids[row] = packed
         # An int64 cumsum then a copy: faster than a cumsum that casts as it writes into int32.
-        starts[row][1:] = np.cumsum(np.bincount(keys[row] >> np.uint32(32 - code_bits), minlength=buckets))
+        starts[row][1:] = np.cumsum(np.bincount(bucket_codes[row], minlength=buckets))
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1  # numerics.threads holds
     with concurrent.futures.ThreadPoolExecutor(cores) as pool:
-        list(pool.map(group, np.ndindex(keys.shape[:-1])))  # tables (and any vmapped axes)
+        list(pool.map(group, np.ndindex(bucket_codes.shape[:-1])))  # tables (and any vmapped axes)
     return ids, starts
 
 
@@ -395,8 +416,8 @@ def lookup(tables: Tables | BucketTables, bucket_codes: Array, bucket_capacity: 
 
 
 def note_changed(tables: Tables | BucketTables, ids: Array) -> Tables | BucketTables:
-    """Notes rows whose weights changed, for the next `refile` or `rebuild`: ids int32 [...] (N = none;
-    repeats allowed).
+    """Notes rows whose weights changed, for the next `refile` or `rebuild`: ids int32 [...] in [0, N] (N =
+    none; repeats allowed; a negative id would count from the end, as in any JAX index).
 
     O(ids.size): BucketTables append the ids to `tables.pending` (ids past its size are dropped and counted in
     num_pending); Tables with kept codes set them in `changed`; Tables without keep no record.

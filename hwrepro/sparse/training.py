@@ -324,7 +324,7 @@ def _sparse_step(
     params = {"input": {"embedding": tables["embedding"], "bias": optax.apply_updates(p_in["bias"], hb_updates)},
               "output": {"weight": tables["weight"], "bias": tables["out_bias"]}}
     opt_state = SparseOptState(rows=opt_rows, hidden_bias=opt_hb)
-    tables = lsh.note_changed(state.tables, rows) if use_lsh else state.tables  # BucketTables: for refile
+    tables = lsh.note_changed(state.tables, rows) if use_lsh else state.tables  # for rebuild or refile
     metrics = {"loss": loss, "candidates": active}
     return state.replace(params=params, opt_state=opt_state, tables=tables, step=state.step + 1), metrics
 

@@ -7,8 +7,8 @@ Either way the codes are one f32 matmul.
 Two families: "simhash", L * K independent hyperplanes; "simhash_pairs", L tables made of pairs of m
 half-codes of K / 2 bits (Andoni & Indyk's tensoring, m (m - 1) / 2 >= L): m K / 2 hyperplanes, 64 instead
 of 400 for K = 16, L = 25, so hashing 670,091 rows for a table rebuild costs a sixth. Each table still
-collides with probability (1 - angle / pi)^K; two tables share at most one half, so they are pairwise
-independent but no longer mutually independent.
+collides with probability p^K (p = 1 - angle / pi), but tables sharing a half are correlated: both collide
+with probability p^(3K/2), not p^(2K); only tables with no half in common are independent.
 """
 
 from __future__ import annotations
@@ -93,6 +93,8 @@ class SimHash(NamedTuple):
 @functools.partial(jax.jit, static_argnames=("dim", "num_hashes", "num_tables", "density"))
 def _init_pairs(key: jax.Array, dim: int, num_hashes: int, num_tables: int, density: float = 1.0) -> "PairedSimHash":
     check_positive(num_hashes=num_hashes, num_tables=num_tables)
+    if num_hashes > MAX_BUCKET_BITS:
+        raise ValueError(f"num_hashes={num_hashes} gives more than 2**{MAX_BUCKET_BITS} buckets per table")
     if num_hashes % 2:
         raise ValueError(f"num_hashes={num_hashes} must be even: a table's code is two half-codes of K / 2 bits")
     halves = math.ceil((1 + math.sqrt(1 + 8 * num_tables)) / 2)  # the least m with m (m - 1) / 2 >= L
