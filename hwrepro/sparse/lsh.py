@@ -234,13 +234,13 @@ def _group(bucket_codes: Array, buckets: int, key: Array, host_sort: bool | None
     if host_sort is None:
         host_sort = jax.default_backend() == "cpu"
     id_bits, rand_bits = _key_bits(bucket_codes.shape[1], buckets)
-    seeds = _row_seeds(key, bucket_codes.shape[0])
     if host_sort:
         group = functools.partial(_host_group_by_bucket, buckets=buckets, id_bits=id_bits, rand_bits=rand_bits)
         shapes = Tables(ids=jax.ShapeDtypeStruct(bucket_codes.shape, jnp.int32),
                         starts=jax.ShapeDtypeStruct((bucket_codes.shape[0], buckets + 1), jnp.int32))
+        seeds = _row_seeds(key, bucket_codes.shape[0])  # the callback computes _keyed_mix from them
         return Tables(*jax.pure_callback(group, shapes, bucket_codes, seeds, vmap_method="expand_dims"))
-    noise = _fmix32(lax.broadcasted_iota(jnp.uint32, bucket_codes.shape, 1) ^ seeds) >> (32 - rand_bits)
+    noise = _keyed_mix(key, bucket_codes.shape) >> (32 - rand_bits)
     with jax.enable_x64(True):  # JAX has uint64 only with x64 on; only these few ops need it
         u64 = jnp.uint64
         packed = ((bucket_codes.astype(u64) << u64(rand_bits + id_bits))
@@ -301,12 +301,14 @@ def _keyed_mix(key: Array, shape: tuple[int, int]) -> Array:
     return _fmix32(lax.broadcasted_iota(jnp.uint32, shape, 1) ^ _row_seeds(key, shape[0]))
 
 
-def _fmix32(h: Array) -> Array:
-    """murmur3's 32-bit finalizer, a bijection of uint32 that mixes every input bit into every output bit."""
+def _fmix32(h: Array | np.ndarray) -> Array | np.ndarray:
+    """murmur3's 32-bit finalizer, a bijection of uint32 that mixes every input bit into every output bit.
+
+    For JAX and NumPy uint32 arrays alike (NumPy's in place: `_host_group_by_bucket` gives it a fresh one)."""
     h ^= h >> 16
-    h *= jnp.uint32(0x85EBCA6B)
+    h *= np.uint32(0x85EBCA6B)
     h ^= h >> 13
-    h *= jnp.uint32(0xC2B2AE35)
+    h *= np.uint32(0xC2B2AE35)
     return h ^ (h >> 16)
 
 
@@ -329,11 +331,7 @@ def _host_group_by_bucket(
     starts = np.zeros((*bucket_codes.shape[:-1], buckets + 1), np.int32)
 
     def group(row: tuple[int, ...]) -> None:
-        noise = column32 ^ seeds[row][0]  # _fmix32, in place
-        for shift, multiplier in ((16, 0x85EBCA6B), (13, 0xC2B2AE35)):
-            noise ^= noise >> u32(shift)
-            noise *= u32(multiplier)
-        noise ^= noise >> u32(16)
+        noise = _fmix32(column32 ^ seeds[row][0])  # _keyed_mix's, in NumPy
         noise >>= u32(32 - rand_bits)
         packed = bucket_codes[row].astype(u64)
         packed <<= u64(rand_bits)
@@ -490,7 +488,7 @@ def _move(t: BucketTables, rows: Array, new: Array, key: Array) -> BucketTables:
     # Overflow: the o-th overflowing arrival of a bucket takes its (o + start)-th filed row's slot (distinct
     # for distinct o), if admitted; `start` is random per bucket.
     over, filed = rank - num_free, capacity - num_free
-    start = (_fmix32(new.astype(jnp.uint32) ^ jax.random.bits(k_start, (num_tables_, 1), jnp.uint32))
+    start = (_fmix32(new.astype(jnp.uint32) ^ _row_seeds(k_start, num_tables_))
              % capacity).astype(jnp.int32)
     admit = (moved & (over >= 0) & (over < filed)
              & (jax.random.uniform(k_admit, new.shape) * sizes[table, new] < capacity))

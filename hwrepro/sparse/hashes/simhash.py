@@ -69,8 +69,7 @@ class SimHash(NamedTuple):
         bf16 activations, are hashed by the same hyperplanes; HIGHEST precision keeps TF32 / bf16 passes out
         of it. (A projection within float rounding of 0 could still flip its bit between two matmul shapes.)
         """
-        if x.shape[1] != self.planes.shape[0]:
-            raise ValueError(f"inputs have dim {x.shape[1]} but the SimHash was drawn for dim {self.planes.shape[0]}")
+        _check_dim(self.planes, x)
         _, tables, bits = self.planes.shape
         # Rows per block: their f32 projections [rows, L * K] (2 MB) stay in a core's L2 cache.
         return by_row_blocks(self._codes, x, tables, (1 << 21) // (4 * tables * bits))
@@ -88,6 +87,12 @@ class SimHash(NamedTuple):
         bit_values = jnp.left_shift(1, jnp.arange(self.planes.shape[2], dtype=jnp.int32))
         proj = jnp.einsum("nd,dlk->nlk", x.astype(jnp.float32), self.planes, precision=lax.Precision.HIGHEST)
         return jnp.sum(jnp.where(proj > 0, bit_values, 0), axis=-1, dtype=jnp.int32).T
+
+
+def _check_dim(planes: jax.Array, x: jax.Array) -> None:
+    """ValueError when inputs x [n, dim] do not have the planes' dim (planes [dim, ...])."""
+    if x.shape[1] != planes.shape[0]:
+        raise ValueError(f"inputs have dim {x.shape[1]} but the SimHash was drawn for dim {planes.shape[0]}")
 
 
 @functools.partial(jax.jit, static_argnames=("dim", "num_hashes", "num_tables", "density"))
@@ -133,10 +138,8 @@ class PairedSimHash(NamedTuple):
 
     def table_codes(self, x: jax.Array) -> jax.Array:
         """int32 [L, n]: (half-code pairs[l, 0] << K / 2) | half-code pairs[l, 1], each as SimHash's codes."""
-        halves = SimHash(self.planes)
-        if x.shape[1] != self.planes.shape[0]:
-            raise ValueError(f"inputs have dim {x.shape[1]} but the SimHash was drawn for dim {self.planes.shape[0]}")
-        shift = self.planes.shape[2]
+        _check_dim(self.planes, x)
+        halves, shift = SimHash(self.planes), self.planes.shape[2]
 
         def codes(rows: jax.Array) -> jax.Array:
             half = halves._codes(rows)  # [m, b]
