@@ -1,5 +1,6 @@
 """The row-sparse Adam in optax's shape: over a pytree of tables, each with its own touched rows."""
 
+import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -29,3 +30,34 @@ def test_a_pytree_of_tables_updates_each_table_at_its_own_rows_like_one_table_at
         untouched = np.setdiff1d(np.arange(tables[k].shape[0]), np.asarray(ids[k]))
         np.testing.assert_array_equal(np.asarray(together[k])[untouched], np.asarray(tables[k])[untouched])
     assert together["embedding"].dtype == jnp.uint16
+
+
+def test_an_update_over_the_used_blocks_only_equals_the_update_over_every_id():
+    # 11 real ids then padding, in blocks of 4: 3 blocks run, the 4th (padding only) is skipped; an id array
+    # whose length is not a whole number of blocks is padded.
+    rng = np.random.default_rng(1)
+    n = 40
+    tables = {"weight": jnp.asarray(rng.normal(size=(n, 3)), jnp.float32),
+              "bias": jnp.asarray(rng.normal(size=(n,)), jnp.float32)}
+    opt = sparse_adam.row_adam(1e-2)
+    update = jax.jit(opt.update)
+    blocks = jax.jit(functools.partial(sparse_adam.update_blocks, lr=1e-2, b1=0.9, b2=0.999, eps=1e-8, block=4))
+    for size in (16, 14):
+        ids = jnp.asarray(np.concatenate([rng.choice(n, 11, replace=False), np.full(size - 11, n)]), jnp.int32)
+        grads = {"weight": jnp.asarray(rng.normal(size=(size, 3)), jnp.float32),
+                 "bias": jnp.asarray(rng.normal(size=(size,)), jnp.float32)}
+        every, _ = update(grads, {"weight": ids, "bias": ids}, opt.init(tables), tables)
+        blocked = {k: blocks(tables[k], *[jnp.zeros_like(tables[k])] * 2, jnp.int32(1), ids, grads[k],
+                             jnp.int32(11))[0] for k in tables}
+        used = update(grads, {"weight": ids, "bias": ids}, opt.init(tables), tables, None,
+                      {"weight": jnp.int32(11), "bias": None})[0]
+        for k in tables:
+            np.testing.assert_array_equal(blocked[k], every[k])  # bit for bit
+            np.testing.assert_array_equal(used[k], every[k])
+            assert not np.array_equal(every[k], tables[k])
+    # A count short of the real ids leaves the later blocks' rows as they were: the blocks really are skipped.
+    short = blocks(tables["bias"], *[jnp.zeros(n)] * 2, jnp.int32(1), ids, grads["bias"], jnp.int32(4))[0]
+    later = np.asarray(ids[4:11])
+    np.testing.assert_array_equal(np.asarray(short)[later], np.asarray(tables["bias"])[later])
+    first = np.asarray(ids[:4])
+    assert not np.array_equal(np.asarray(short)[first], np.asarray(tables["bias"])[first])

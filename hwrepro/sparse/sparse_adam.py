@@ -46,7 +46,7 @@ class RowAdamState(NamedTuple):
 
 class RowGradientTransformation(NamedTuple):
     """A row-sparse optimizer: `init(tables) -> state` and
-    `update(row_grads, row_ids, state, tables, current_rows=None) -> (tables, state)`."""
+    `update(row_grads, row_ids, state, tables, current_rows=None, used=None) -> (tables, state)`."""
 
     init: Callable[[Any], RowAdamState]
     update: Callable[..., tuple[Any, RowAdamState]]
@@ -75,7 +75,7 @@ def row_adam(learning_rate: float | jax.Array, b1: float = 0.9, b2: float = 0.99
     moment_dtype: dtype of both moments of every table; default float32, also for bfloat16 tables: the second
     moment of a small gradient is far below bfloat16's 8-bit mantissa resolution relative to its running value.
 
-    update(row_grads, row_ids, state, tables, current_rows=None):
+    update(row_grads, row_ids, state, tables, current_rows=None, used=None):
       row_grads: pytree like `tables` of [M_t, ...] gradient rows; row_ids: the same pytree of int32 [M_t]
         unique row ids, where ids >= num_rows are padding and are ignored (their gathers read a clamped row and
         their scatters are dropped). Ids must be unique: a repeated id would be written twice from the same old
@@ -85,6 +85,9 @@ def row_adam(learning_rate: float | jax.Array, b1: float = 0.9, b2: float = 0.99
       current_rows: the tables' rows at row_ids (anything finite at padding ids) when the caller gathered them
         already, as a training step has for its forward pass; saves gathering them again. None, or a pytree
         like `tables` whose leaves may be None.
+      used: None, or a pytree like `tables` of int32 [] counts (or None leaves): a table's row_ids hold `used`
+        real ids first, then only padding, and it is updated `BLOCK` ids at a time over the blocks that hold
+        real ids (`update_blocks`), instead of over every id (its current_rows are not read).
       Returns (new tables, new state); every untouched row is left bit-identical. Donate the tables and the
       state to the enclosing jit so the scatters run in place.
     """
@@ -96,18 +99,51 @@ def row_adam(learning_rate: float | jax.Array, b1: float = 0.9, b2: float = 0.99
                             nu=jax.tree_util.tree_map(zeros, tables))
 
     def update(row_grads: Any, row_ids: Any, state: RowAdamState, tables: Any,
-               current_rows: Any = None) -> tuple[Any, RowAdamState]:
+               current_rows: Any = None, used: Any = None) -> tuple[Any, RowAdamState]:
         count = state.count + 1
         treedef = jax.tree_util.tree_structure(tables)
-        if current_rows is None:
-            current_rows = jax.tree_util.tree_unflatten(treedef, [None] * treedef.num_leaves)
-        leaves = [treedef.flatten_up_to(x) for x in (tables, state.mu, state.nu, row_ids, row_grads, current_rows)]
-        out = [update_rows(t, mu, nu, count, ids, g, rows, learning_rate, b1, b2, eps)
-               for t, mu, nu, ids, g, rows in zip(*leaves)]
+        none = jax.tree_util.tree_unflatten(treedef, [None] * treedef.num_leaves)
+        current_rows = none if current_rows is None else current_rows
+        used = none if used is None else used
+        leaves = [treedef.flatten_up_to(x)
+                  for x in (tables, state.mu, state.nu, row_ids, row_grads, current_rows, used)]
+        out = [update_rows(t, mu, nu, count, ids, g, rows, learning_rate, b1, b2, eps) if n is None else
+               update_blocks(t, mu, nu, count, ids, g, n, learning_rate, b1, b2, eps)
+               for t, mu, nu, ids, g, rows, n in zip(*leaves)]
         new_tables, mu, nu = (jax.tree_util.tree_unflatten(treedef, part) for part in zip(*out))
         return new_tables, RowAdamState(count=count, mu=mu, nu=nu)
 
     return RowGradientTransformation(init, update)
+
+
+BLOCK = 4096  # ids per block of `update_blocks`
+
+
+def padded_size(size: int, block: int = BLOCK) -> int:
+    """`size` rounded up to whole blocks: give `update(..., used=...)` ids and gradients this long (padding
+    ids >= num_rows, zero gradients) and it needs no copy to pad them."""
+    return -(-size // block) * block
+
+
+def update_blocks(table: jax.Array, mu_table: jax.Array, nu_table: jax.Array, count: jax.Array,
+                  row_ids: jax.Array, grad_rows: jax.Array, used: jax.Array, lr: float | jax.Array, b1: float,
+                  b2: float, eps: float, block: int = BLOCK) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """`update_rows` over the first `used` (int32 []) ids only, when the rest of row_ids is padding: `block`
+    ids at a time, as many blocks as hold them (a dynamic trip count; in place in the donated tables).
+
+    For id arrays sized for the worst case and mostly padding: the per-example step's 54,272 slots hold about
+    two thirds as many distinct rows, and `update_rows` would gather, update and write back every slot."""
+    size = padded_size(row_ids.shape[0], block)
+    if size != row_ids.shape[0]:
+        row_ids = jnp.pad(row_ids, (0, size - row_ids.shape[0]), constant_values=table.shape[0])
+        grad_rows = jnp.pad(grad_rows, ((0, size - grad_rows.shape[0]),) + ((0, 0),) * (grad_rows.ndim - 1))
+
+    def update_block(i: jax.Array, tables: tuple[jax.Array, jax.Array, jax.Array]):
+        ids = jax.lax.dynamic_slice_in_dim(row_ids, i * block, block)
+        g = jax.lax.dynamic_slice_in_dim(grad_rows, i * block, block)
+        return update_rows(*tables, count, ids, g, None, lr, b1, b2, eps)
+
+    return jax.lax.fori_loop(0, -(-used // block), update_block, (table, mu_table, nu_table))
 
 
 def update_rows(table: jax.Array, mu_table: jax.Array, nu_table: jax.Array, count: jax.Array, row_ids: jax.Array,

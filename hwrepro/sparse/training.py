@@ -191,10 +191,13 @@ def refile(state: SlideState, key: jax.Array) -> SlideState:
 
 def changed_rows_per_step(candidate_mode: str, num_candidates: int, batch_size: int, own_per_example: int) -> int:
     """How many row ids of W a sparse step notes as changed, padding included: the `pending_rows` of
-    init_state for one step between refiles. Shared: M. Per example: B * own_per_example + m, own_per_example
-    being the width of each example's own ids (labels, Lmax, plus retrieved ids, L * bucket_capacity)."""
+    init_state for one step between refiles. Shared: M. Per example: B * own_per_example + m in whole
+    `sparse_adam` blocks, own_per_example being the width of each example's own ids (labels, Lmax, plus
+    retrieved ids, L * bucket_capacity)."""
     _check(candidate_mode, CANDIDATE_MODES, "candidate_mode")
-    return num_candidates if candidate_mode == "shared" else batch_size * own_per_example + num_candidates
+    if candidate_mode == "shared":
+        return num_candidates
+    return sparse_adam.padded_size(batch_size * own_per_example + num_candidates)
 
 
 @functools.partial(jax.jit, donate_argnums=0)
@@ -311,7 +314,8 @@ def _sparse_step(
     else:
         retrieved = None if retrieved is None else retrieved.reshape(labels.shape[0], -1)
         sets = per_example_candidates(labels, retrieved, key, num_candidates, num_labels, sampler)
-        loss, rows, (g_w, g_b, g_h), (w_rows, b_rows) = _per_example_output(p_out, h, labels, sets, dtype)
+        loss, rows, used, (g_w, g_b, g_h) = _per_example_output(p_out, h, labels, sets, dtype)
+        w_rows = b_rows = None  # gathered block by block in the update
         active = (jnp.sum(sets.own < num_labels) + jnp.sum(sets.fill_mask)) / labels.shape[0]
     g_e, g_hb = hidden_vjp(g_h)
 
@@ -319,7 +323,8 @@ def _sparse_step(
         {"embedding": g_e, "weight": g_w, "out_bias": g_b},
         {"embedding": feat_rows, "weight": rows, "out_bias": rows},
         state.opt_state.rows, row_tables(state.params),
-        {"embedding": e_rows, "weight": w_rows, "out_bias": b_rows})
+        {"embedding": e_rows, "weight": w_rows, "out_bias": b_rows},
+        None if shared else {"embedding": None, "weight": used, "out_bias": used})  # per-example: blocks
     hb_updates, opt_hb = hidden_opt.update(g_hb, state.opt_state.hidden_bias)
     params = {"input": {"embedding": tables["embedding"], "bias": optax.apply_updates(p_in["bias"], hb_updates)},
               "output": {"weight": tables["weight"], "bias": tables["out_bias"]}}
@@ -334,8 +339,10 @@ def _per_example_output(p_out: dict, h: jax.Array, labels: jax.Array, sets: PerE
 
     Each example's own ids (labels, retrieved: [B, W] slots) are scored row by row, the batch's fill as one
     [B, H] x [H, m] product, one softmax over both per example. Examples share rows: each id's gradient rows
-    are summed into one row per distinct id (`compact_rows`, first slot first), which the Adam updates.
-    Returns (loss, rows int32 [B * W + m] padded with N, (g_w [.., H], g_b, g_h [B, H]), (W, b at rows)).
+    are summed into one row per distinct id (`compact_rows`, first slot first), which the Adam updates block
+    by block (`sparse_adam.update_blocks`: the distinct rows are about two thirds of the slots).
+    Returns (loss, rows int32 [S] (the distinct ids first, then N; S: B * W + m in whole Adam blocks),
+    used int32 [] (distinct ids), (g_w [S, H], g_b [S], g_h [B, H])).
     """
     num_labels = p_out["weight"].shape[0]
     m = sets.fill.shape[0]
@@ -351,6 +358,8 @@ def _per_example_output(p_out: dict, h: jax.Array, labels: jax.Array, sets: PerE
     loss, (g_wo, g_bo, g_wf, g_bf, g_h) = jax.value_and_grad(out_loss, argnums=(0, 1, 2, 3, 4))(*gathered, h)
     ids = jnp.concatenate([sets.own.ravel(), sets.fill])
     rows, index = compact_rows(ids, num_labels)
-    g_w = jax.ops.segment_sum(jnp.concatenate([g_wo.reshape(-1, g_wo.shape[-1]), g_wf]), index, rows.size)
-    g_b = jax.ops.segment_sum(jnp.concatenate([g_bo.ravel(), g_bf]), index, rows.size)
-    return loss, rows, (g_w, g_b, g_h), (_rows_at(p_out["weight"], rows), _rows_at(p_out["bias"], rows))
+    size = sparse_adam.padded_size(rows.size)
+    rows = jnp.pad(rows, (0, size - rows.size), constant_values=num_labels)
+    g_w = jax.ops.segment_sum(jnp.concatenate([g_wo.reshape(-1, g_wo.shape[-1]), g_wf]), index, size)
+    g_b = jax.ops.segment_sum(jnp.concatenate([g_bo.ravel(), g_bf]), index, size)
+    return loss, rows, jnp.sum(rows < num_labels, dtype=jnp.int32), (g_w, g_b, g_h)
