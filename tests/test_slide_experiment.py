@@ -186,7 +186,11 @@ def test_bad_slide_values_are_one_line(run_launch, tmp_path, field, value, messa
 
 
 @pytest.mark.parametrize("field, value, message", BAD_SLIDE_VALUES + [
-    ("train.adam_eps", 0.0, "train.adam_eps=0.0 must be positive")])
+    ("train.adam_eps", 0.0, "train.adam_eps=0.0 must be positive"),
+    # The hash family's own checks (hashes.OptionError), named by the config field they came from:
+    ("lsh.num_hashes", 31, "lsh.num_hashes=31 gives more than 2**30 buckets per table"),
+    ("lsh.simhash.density", 1.5, "lsh.simhash.density=1.5 must be in (0, 1]"),
+    ("eval.lsh.num_hashes", 31, "eval.lsh.num_hashes=31 gives more than 2**30 buckets per table")])
 def test_bad_slide_values_fail_validation(field, value, message):
     from configs.slide_amazon import get_config
 
@@ -200,6 +204,23 @@ def test_bad_slide_values_fail_validation(field, value, message):
     with pytest.raises(ConfigError) as error:
         experiments.get(config.experiment).validate(config)
     assert message in str(error.value) and "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"lsh.kind": "simhash_pairs", "lsh.num_hashes": 5}, "lsh.num_hashes=5 must be even"),
+    ({"lsh.kind": "dwta", "lsh.dwta.bin_size": 200}, "lsh.dwta.bin_size=200 must be between 2 and min(dim=128, 128)"),
+    ({"eval.lsh.kind": "dwta", "lsh.dwta.bin_size": 129}, "lsh.dwta.bin_size=129 must be between 2 and min(dim=130"),
+    ({"lsh.kind": "dwta", "lsh.num_hashes": 11}, "lsh.num_hashes=11 gives bin_size**num_hashes = 8**11 buckets")])
+def test_a_hash_family_refuses_its_sizes_and_options_at_validation(fields, message):
+    from configs.slide_amazon import get_config
+
+    config = get_config()
+    for field, value in fields.items():
+        config.update_from_flattened_dict({field: value})
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        experiments.get(config.experiment).validate(config)
+    config.model.method = "sampled"  # no tables: nothing to refuse
+    experiments.get(config.experiment).validate(config)
 
 
 @pytest.mark.slow

@@ -24,7 +24,7 @@ from hwrepro.harness.loop import fit, snapshotter
 from hwrepro.harness.progress import Progress
 from hwrepro.harness.records import Run
 from hwrepro.sparse import lsh, sharded
-from hwrepro.sparse.hashes import FAMILIES
+from hwrepro.sparse.hashes import FAMILIES, OptionError
 
 KS = (1, 3, 5)
 MAINTENANCE = ("rebuild", "incremental")  # lsh.maintenance: how the tables follow W between rebuilds
@@ -71,6 +71,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
         raise ConfigError(f"lsh.rebuild_period={config.lsh.rebuild_period} must not be negative (0: only redraws)")
     if config.eval.final_points < 0:
         raise ConfigError(f"eval.final_points={config.eval.final_points} must not be negative")
+    if m.method == "lsh":  # the tables it builds: training tables over w, inference tables over mips_rows
+        _check_hash_family(config, "lsh", m.hidden)
+        if config.eval.lsh.tables == "inference":
+            _check_hash_family(config, "eval.lsh", m.hidden + 2)
     if parallel.is_sharded(config) and m.method != "dense":
         if m.candidate_mode != "shared":
             raise ConfigError(f"model.candidate_mode={m.candidate_mode!r}: a parallel.model x parallel.data mesh runs "
@@ -86,6 +90,20 @@ def validate(config: ml_collections.ConfigDict) -> None:
                               f"parallel.model={config.parallel.model}")
     if d.dataset == "text8" and m.candidate_mode == "per_example" and m.num_candidates < 2 * d.window:
         raise ConfigError(f"model.num_candidates={m.num_candidates} is below the {2 * d.window} context words")
+
+
+def _check_hash_family(config: ml_collections.ConfigDict, group: str, dim: int) -> None:
+    """ConfigError naming the field when the hash family of `group` ("lsh" or "eval.lsh") cannot take its K, L
+    or options for `dim`-dimensional rows (the family's `check`, if it has one): before any data is read."""
+    spec = lsh_spec(config, group)
+    check = getattr(FAMILIES.get(spec.kind, f"{group}.kind"), "check", None)
+    if check is None:
+        return
+    try:
+        check(dim, spec.num_hashes, spec.num_tables, **dict(spec.options))
+    except OptionError as e:
+        field = f"{group}.{e.name}" if e.name in ("num_hashes", "num_tables") else f"lsh.{spec.kind}.{e.name}"
+        raise ConfigError(f"{field}={e.value!r} {e.problem}") from None
 
 
 def lsh_spec(config: ml_collections.ConfigDict, group: str = "lsh") -> sparse.LshSpec:

@@ -17,9 +17,14 @@ and donation) with this protocol:
         # Optional, for multi-probe queries (lsh.probe_codes): per table and hash, how the bucket id would
         # change if that hash alone took its next most likely value, and how close it came to doing so.
         def hash_changes(self, x) -> tuple[jax.Array, jax.Array]:  # deltas int32 [L, n, K], margins f32 [L, n, K]
+        # Optional, JAX-free: OptionError(name, value, problem) for sizes or options the family cannot take.
+        @staticmethod
+        def check(dim, num_hashes, num_tables, **options) -> None:
 
-`hwrepro.sparse.lsh` builds tables and answers queries for any family; `hwrepro.sparse.hashes.simhash` and
-`.dwta` are the built-ins. The helpers below are shared by families.
+`check` lets a config's bad sizes or options be refused, naming the config field, before any data is read
+(hwrepro.experiments.slide.validate); the built-ins' `init` calls it too. `hwrepro.sparse.lsh` builds tables
+and answers queries for any family; `hwrepro.sparse.hashes.simhash` and `.dwta` are the built-ins. The
+helpers below are shared by families.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from jax import lax
 
 from hwrepro.registry import Registry
 
-__all__ = ["FAMILIES", "MAX_BUCKET_BITS", "by_row_blocks", "check_positive"]
+__all__ = ["FAMILIES", "MAX_BUCKET_BITS", "OptionError", "by_row_blocks", "check_positive"]
 
 FAMILIES: Registry = Registry("hash family", __name__)
 
@@ -40,11 +45,20 @@ FAMILIES: Registry = Registry("hash family", __name__)
 MAX_BUCKET_BITS = 30
 
 
+class OptionError(ValueError):
+    """A size or option a hash family cannot take: "name=value problem", with `name` (the parameter) and
+    `problem` kept for callers that name the config field instead."""
+
+    def __init__(self, name: str, value: object, problem: str):
+        super().__init__(f"{name}={value!r} {problem}")
+        self.name, self.value, self.problem = name, value, problem
+
+
 def check_positive(**sizes: int) -> None:
-    """ValueError naming the first size that is not a positive integer."""
+    """OptionError naming the first size that is not a positive integer."""
     for name, value in sizes.items():
         if int(value) != value or value < 1:
-            raise ValueError(f"{name}={value!r} must be a positive integer")
+            raise OptionError(name, value, "must be a positive integer")
 
 
 def by_row_blocks(hash_rows: Callable[[jax.Array], jax.Array], x: jax.Array, num_tables: int,

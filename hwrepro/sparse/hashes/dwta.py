@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from hwrepro.sparse.hashes import FAMILIES, MAX_BUCKET_BITS, by_row_blocks, check_positive
+from hwrepro.sparse.hashes import FAMILIES, MAX_BUCKET_BITS, OptionError, by_row_blocks, check_positive
 
 Array = jax.Array
 
@@ -29,15 +29,9 @@ _EMPTY_KEY = -(2**31)
 def _init(
     key: Array, dim: int, num_hashes: int, num_tables: int, bin_size: int = 8, num_probes: int | None = None
 ) -> "DWTA":
-    check_positive(dim=dim, num_hashes=num_hashes, num_tables=num_tables)
-    if not 2 <= bin_size <= min(dim, 128):
-        raise ValueError(f"bin_size={bin_size} must be between 2 and min(dim={dim}, 128)")
-    if bin_size**num_hashes > 2**MAX_BUCKET_BITS:
-        raise ValueError(f"bin_size**num_hashes = {bin_size}**{num_hashes} exceeds 2**{MAX_BUCKET_BITS} buckets")
+    DWTA.check(dim, num_hashes, num_tables, bin_size, num_probes)
     num_bins = num_tables * num_hashes
     num_probes = num_bins - 1 if num_probes is None else num_probes
-    if not 0 <= num_probes <= num_bins - 1:
-        raise ValueError(f"num_probes={num_probes} must be between 0 and {num_bins - 1} (the other bins)")
     k_bins, k_probes = jax.random.split(key)
     # The first bin_size entries of an independent random permutation of the dims, for every bin.
     order = jnp.argsort(jax.random.uniform(k_bins, (num_bins, dim)), axis=1)
@@ -60,6 +54,19 @@ class DWTA(NamedTuple):
 
     bins: Array
     probes: Array
+
+    @staticmethod
+    def check(dim: int, num_hashes: int, num_tables: int, bin_size: int = 8, num_probes: int | None = None) -> None:
+        """OptionError for sizes or options DWTA cannot take (see `init`; at most 2**30 buckets a table)."""
+        check_positive(dim=dim, num_hashes=num_hashes, num_tables=num_tables)
+        if not 2 <= bin_size <= min(dim, 128):
+            raise OptionError("bin_size", bin_size, f"must be between 2 and min(dim={dim}, 128)")
+        if bin_size**num_hashes > 2**MAX_BUCKET_BITS:
+            raise OptionError("num_hashes", num_hashes, f"gives bin_size**num_hashes = {bin_size}**{num_hashes} "
+                              f"buckets, more than 2**{MAX_BUCKET_BITS}")
+        if num_probes is not None and not 0 <= num_probes <= num_tables * num_hashes - 1:
+            raise OptionError("num_probes", num_probes,
+                              f"must be between 0 and {num_tables * num_hashes - 1} (the other bins)")
 
     @staticmethod
     def init(key: Array, dim: int, num_hashes: int, num_tables: int, bin_size: int = 8,

@@ -21,16 +21,12 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from hwrepro.sparse.hashes import FAMILIES, MAX_BUCKET_BITS, by_row_blocks, check_positive
+from hwrepro.sparse.hashes import FAMILIES, MAX_BUCKET_BITS, OptionError, by_row_blocks, check_positive
 
 
 @functools.partial(jax.jit, static_argnames=("dim", "num_hashes", "num_tables", "density"))
 def _init(key: jax.Array, dim: int, num_hashes: int, num_tables: int, density: float = 1.0) -> "SimHash":
-    check_positive(dim=dim, num_hashes=num_hashes, num_tables=num_tables)
-    if num_hashes > MAX_BUCKET_BITS:
-        raise ValueError(f"num_hashes={num_hashes} gives more than 2**{MAX_BUCKET_BITS} buckets per table")
-    if not 0.0 < density <= 1.0:
-        raise ValueError(f"density={density} must be in (0, 1]")
+    SimHash.check(dim, num_hashes, num_tables, density)
     shape = (dim, num_tables, num_hashes)
     k_values, k_dims = jax.random.split(key)
     if density == 1.0:
@@ -48,6 +44,15 @@ class SimHash(NamedTuple):
     round(density * dim) entries of +-1 per (table, bit) column and zeros elsewhere (density < 1)."""
 
     planes: jax.Array
+
+    @staticmethod
+    def check(dim: int, num_hashes: int, num_tables: int, density: float = 1.0) -> None:
+        """OptionError for sizes or a density SimHash cannot take (K <= 30 bits: int32 bucket ids)."""
+        check_positive(dim=dim, num_hashes=num_hashes, num_tables=num_tables)
+        if num_hashes > MAX_BUCKET_BITS:
+            raise OptionError("num_hashes", num_hashes, f"gives more than 2**{MAX_BUCKET_BITS} buckets per table")
+        if not 0.0 < density <= 1.0:
+            raise OptionError("density", density, "must be in (0, 1]")
 
     @staticmethod
     def init(key: jax.Array, dim: int, num_hashes: int, num_tables: int, density: float = 1.0) -> SimHash:
@@ -97,11 +102,7 @@ def _check_dim(planes: jax.Array, x: jax.Array) -> None:
 
 @functools.partial(jax.jit, static_argnames=("dim", "num_hashes", "num_tables", "density"))
 def _init_pairs(key: jax.Array, dim: int, num_hashes: int, num_tables: int, density: float = 1.0) -> "PairedSimHash":
-    check_positive(num_hashes=num_hashes, num_tables=num_tables)
-    if num_hashes > MAX_BUCKET_BITS:
-        raise ValueError(f"num_hashes={num_hashes} gives more than 2**{MAX_BUCKET_BITS} buckets per table")
-    if num_hashes % 2:
-        raise ValueError(f"num_hashes={num_hashes} must be even: a table's code is two half-codes of K / 2 bits")
+    PairedSimHash.check(dim, num_hashes, num_tables, density)
     halves = math.ceil((1 + math.sqrt(1 + 8 * num_tables)) / 2)  # the least m with m (m - 1) / 2 >= L
     k_planes, k_pairs = jax.random.split(key)
     first, second = jnp.triu_indices(halves, 1)
@@ -122,6 +123,13 @@ class PairedSimHash(NamedTuple):
 
     planes: jax.Array
     pairs: jax.Array
+
+    @staticmethod
+    def check(dim: int, num_hashes: int, num_tables: int, density: float = 1.0) -> None:
+        """SimHash's checks, and K even: a table's code is two half-codes of K / 2 bits."""
+        SimHash.check(dim, num_hashes, num_tables, density)
+        if num_hashes % 2:
+            raise OptionError("num_hashes", num_hashes, "must be even: a table's code is two half-codes of K / 2 bits")
 
     @staticmethod
     def init(key: jax.Array, dim: int, num_hashes: int, num_tables: int, density: float = 1.0) -> PairedSimHash:
