@@ -83,6 +83,11 @@ def test_sigterm_to_the_launcher_stops_the_child_and_a_rerun_resumes_to_the_same
     assert not child_alive(workdir)
     status = json.loads((workdir / "run.json").read_text())["status"]
     assert status.startswith("interrupted: SIGTERM at step") and "checkpoint saved" in status
+    kept = sorted(p.name for p in workdir.iterdir())
+    typo = launch(AE, *LONG, "--config.model.encoder_sizes=(0,)", f"--workdir={workdir}")  # refused by the experiment
+    assert typo.returncode == 2 and typo.stderr.strip() == (
+        "error: model.encoder_sizes=[0] must be a non-empty list of positive integers")
+    assert sorted(p.name for p in workdir.iterdir()) == kept  # nothing moved aside: the resume below finds it
     again = launch(AE, *LONG, f"--workdir={workdir}")  # the same command resumes
     assert again.returncode == 0, again.stderr
     run = json.loads((workdir / "run.json").read_text())

@@ -4,10 +4,13 @@ XLA reads its flags once and glibc its tunables when a process starts, so a run 
 can no longer apply (JAX already imported, allocator tunables not set at start-up), and every point of a
 sweep, runs in a child:
 
-    parent: locks the workdir, Run.prepare, config.json  ->  python -m hwrepro.harness.process WORKDIR
-    child:  reads WORKDIR/config.json, runs it (hwrepro.harness.runner.run_here), exits with the run's code
+    parent: locks the workdir  ->  python -m hwrepro.harness.process WORKDIR   (the config in HWREPRO_CONFIG)
+    child:  checks the config, Run.prepare, config.json, runs it (hwrepro.harness.runner.run_here), exits
+            with the run's code
 
-The config crosses the boundary once, as the run's own config.json. The two live and die together: the
+The config crosses the boundary once, as JSON in the child's environment; the child checks it (the
+experiment's own checks import JAX) before it touches the workdir, so a refused config leaves an unfinished
+run there as it was, to be resumed by the corrected command. The two live and die together: the
 child inherits the workdir's lock (released only when both have ended); SIGINT, SIGTERM and SIGHUP to the
 parent are passed on to the child, which checkpoints and records itself as interrupted; a child whose parent
 dies (even by SIGKILL) gets SIGTERM (Linux's parent-death signal) and does the same. The child runs in its
@@ -35,6 +38,7 @@ from hwrepro.errors import ConfigError, HwreproError
 from hwrepro.harness import interrupts, numerics, parallel, records, runner
 
 _PARENT_ENV = "HWREPRO_PARENT_PID"
+_CONFIG_ENV = "HWREPRO_CONFIG"
 
 
 def run_in_child(config: ml_collections.ConfigDict, workdir: Path, stdout=None, stderr=None) -> int:
@@ -46,7 +50,6 @@ def run_in_child(config: ml_collections.ConfigDict, workdir: Path, stdout=None, 
     workdir = Path(workdir)
     lock = records.lock_workdir(workdir)
     try:
-        _prepare(workdir, config)
         child = subprocess.Popen(_command(workdir), env=_environment(config), stdout=stdout, stderr=stderr,
                                  pass_fds=(lock,), process_group=0)
         with _forwarding_signals(child) as forwarded:
@@ -83,7 +86,6 @@ def run_processes(config: ml_collections.ConfigDict, workdir: Path) -> int:
                 own = workdir / f"process-{i}"  # its output; process i > 0 also keeps its record there
                 own.mkdir(exist_ok=True)
                 folder = workdir if i == 0 else own
-                _prepare(folder, config)
                 output = outputs.enter_context(open(own / "output.txt", "ab"))
                 children.append(subprocess.Popen(
                     _command(folder), pass_fds=(lock,),
@@ -114,22 +116,17 @@ def run_processes(config: ml_collections.ConfigDict, workdir: Path) -> int:
 STOP_SECONDS = 10
 
 
-def _prepare(folder: Path, config: ml_collections.ConfigDict) -> None:
-    """Run.prepare for a child's folder (locked by the caller), and its config.json unless it resumes."""
-    if not records.Run.prepare(folder, config):
-        records.write_config(folder, config)
-
-
 def _command(folder: Path) -> list[str]:
     return [sys.executable, "-m", "hwrepro.harness.process", str(folder)]
 
 
 def _environment(config: ml_collections.ConfigDict) -> dict[str, str]:
     """A child's environment: the start-up settings of its numerics (it applies the others itself, before its
-    JAX), this checkout on its path, this process as its parent."""
+    JAX), this checkout on its path, this process as its parent, the config."""
     env = numerics.startup_environment(config.numerics, os.environ)
     env["PYTHONPATH"] = _python_path(env)
     env[_PARENT_ENV] = str(os.getpid())
+    env[_CONFIG_ENV] = json.dumps(records.config_dict(config))
     return env
 
 
@@ -251,14 +248,14 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) == 2 and argv[0] == "--check":
         return _check(argv[1])
-    if len(argv) != 1:
-        print("usage: python -m hwrepro.harness.process WORKDIR (a folder whose config.json the launcher wrote)",
-              file=sys.stderr)
+    if len(argv) != 1 or _CONFIG_ENV not in os.environ:
+        print(f"usage: python -m hwrepro.harness.process WORKDIR, with the run's config in {_CONFIG_ENV} and "
+              "WORKDIR locked by the launching process (hwrepro.harness.process.run_in_child)", file=sys.stderr)
         return runner.EXIT_BAD_INPUT
     workdir = Path(argv[0])
-    config = ml_collections.ConfigDict(records.read_json(workdir / records.CONFIG_FILE))
+    config = ml_collections.ConfigDict(json.loads(os.environ.pop(_CONFIG_ENV)))
     try:
-        final = runner.run_here(config, workdir, prepared=True)
+        final = runner.run_here(config, workdir, locked=True)
     except (Exception, KeyboardInterrupt) as e:  # the run record holds the status and traceback
         return runner.report_error(e)
     runner.print_final(final)

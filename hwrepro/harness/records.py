@@ -307,13 +307,11 @@ class Run:
         return False
 
     @classmethod
-    def start(cls, workdir: Path, config: Any, numerics_applied: dict[str, Any], quiet: bool = False,
-              config_written: bool = False) -> "Run":
-        """Opens the record; `config_written` when the launcher wrote config.json already."""
+    def start(cls, workdir: Path, config: Any, numerics_applied: dict[str, Any], quiet: bool = False) -> "Run":
+        """Opens the record (config.json, run.json) in a workdir made ready by `prepare`."""
         workdir = Path(workdir)
         config_data = config_dict(config)
-        if not config_written:
-            write_config(workdir, config)
+        write_config(workdir, config)
         try:
             resumes = read_json(workdir / "run.json").get("resumes", -1) + 1
         except (OSError, ValueError, AttributeError):

@@ -69,30 +69,29 @@ def _leaves(config: ml_collections.ConfigDict, prefix: str = "") -> list[tuple[s
 
 
 def run_here(config: ml_collections.ConfigDict, workdir: Path, quiet: bool = False,
-             prepared: bool = False) -> dict[str, Any]:
+             locked: bool = False) -> dict[str, Any]:
     """Runs one experiment in this process and returns final.json's content.
 
     Numerics are applied only if JAX is not imported yet; otherwise the run goes ahead with the process's
     current settings, and run.json says so (`numerics_applied.before_jax: false`). The workdir is locked for
-    the run (WorkdirBusy if another run owns it); an unfinished run of the same config resumes from its last
-    checkpoint. `prepared`: a launcher did all that and wrote config.json (a child process), so it is not done
-    again. SIGINT / SIGTERM / SIGHUP stop the run cleanly (interrupts.Interrupted).
+    the run (WorkdirBusy if another run owns it), but touched only once the experiment has checked the config;
+    an unfinished run of the same config resumes from its last checkpoint. `locked`: the launching process
+    holds the workdir's lock for this one (a child process). SIGINT / SIGTERM / SIGHUP stop the run cleanly
+    (interrupts.Interrupted).
     """
     from hwrepro.harness import records
 
-    lock = None
-    if not prepared:
-        validate(config)
-        lock = records.lock_workdir(workdir)
+    validate(config)
+    lock = None if locked else records.lock_workdir(workdir)
     try:
         with interrupts.catch_signals():
-            return _run_locked(config, Path(workdir), quiet, prepared)
+            return _run_locked(config, Path(workdir), quiet)
     finally:
         if lock is not None:
             os.close(lock)
 
 
-def _run_locked(config: ml_collections.ConfigDict, workdir: Path, quiet: bool, prepared: bool) -> dict[str, Any]:
+def _run_locked(config: ml_collections.ConfigDict, workdir: Path, quiet: bool) -> dict[str, Any]:
     from hwrepro.harness.records import CHECKPOINT_DIR, Run
 
     before_jax = "jax" not in sys.modules
@@ -100,11 +99,9 @@ def _run_locked(config: ml_collections.ConfigDict, workdir: Path, quiet: bool, p
         numerics.apply_before_jax(config.numerics)
     parallel.initialize()  # several processes: joined before JAX's backend starts
     numerics.apply_after_jax(config.numerics)
-    module = experiment(config)
-    if not prepared:
-        Run.prepare(workdir, config)
-    rec = Run.start(workdir, config, {"before_jax": before_jax, **numerics.applied()}, quiet=quiet,
-                    config_written=prepared)
+    module = experiment(config)  # its own checks, before the workdir is touched
+    Run.prepare(workdir, config)
+    rec = Run.start(workdir, config, {"before_jax": before_jax, **numerics.applied()}, quiet=quiet)
     rec.print(f"hwrepro: {config.experiment} '{config.name}' -> {workdir}")
     try:
         final_metrics, params = module.run(config, rec)
