@@ -4,6 +4,7 @@ user would (subprocesses) and carry the slow mark."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -183,6 +184,29 @@ def test_fit_resumes_from_its_last_checkpoint_with_the_same_result(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [5, 10, 15, 20, 25, 30, 35, 40]  # 25 rewritten once, from step 20
     assert json.loads((tmp_path / "cut" / "run.json").read_text())["resumed_from_step"] == 20
+
+
+def test_a_checkpoint_of_another_state_is_refused_in_one_line_and_kept(tmp_path):
+    import jax
+    import jax.numpy as jnp
+
+    from hwrepro.harness.records import WorkdirTaken
+
+    def step(state, batch):
+        return jax.tree_util.tree_map(lambda x: x + 1, state), {"loss": jnp.float32(batch)}
+
+    def run(state, num_steps):
+        rec = Run.start(tmp_path, {"name": "toy"}, {}, quiet=True)
+        return fit(state, step, iter(range(1, 10**6)), num_steps=num_steps, examples_per_step=1, rec=rec,
+                   log_every=5, checkpoint_every=10)
+
+    run({"w": jnp.zeros(3)}, 15)  # "interrupted": a checkpoint at step 10
+    for state, why in [({"w": jnp.zeros(3), "codes": jnp.zeros(2, jnp.int32)}, "1 arrays, where the run has 2"),
+                       ({"w": jnp.zeros(4)}, "array 0 is float32 [3], where the run's is float32 [4]")]:
+        with pytest.raises(WorkdirTaken, match=re.escape(f"does not fit this run's training state ({why})")):
+            run(state, 30)
+    assert checkpoint_steps(tmp_path) == [10]
+    assert float(run({"w": jnp.zeros(3)}, 30)["w"][0]) == 30  # the right state still resumes from it
 
 
 def test_a_signal_in_the_loop_checkpoints_then_interrupts(tmp_path):

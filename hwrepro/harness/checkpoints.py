@@ -19,6 +19,7 @@ import jax
 import numpy as np
 
 from hwrepro.errors import RunFailed
+from hwrepro.harness.records import WorkdirTaken
 
 
 class Checkpoints:
@@ -55,9 +56,18 @@ class Checkpoints:
             raise RunFailed(f"cannot write checkpoint {self.folder / str(step)}: {e.strerror or e}") from None
 
     def restore(self, step: int, like: Any) -> tuple[Any, dict[str, Any]]:
-        """(the state of checkpoint `step` with the structure, dtypes and shapes of `like`, its host JSON)."""
+        """(the state of checkpoint `step` with the structure, dtypes and shapes of `like`, its host JSON).
+
+        WorkdirTaken, one line, when the checkpoint's arrays are not those of `like` (code that changed the
+        training state since it was written): orbax would refuse a different count with a long message, and
+        silently restore an array of another shape."""
         leaves, treedef = jax.tree_util.tree_flatten(like)
         target = {str(i): jax.ShapeDtypeStruct(np.shape(x), _dtype(x)) for i, x in enumerate(leaves)}
+        saved = {k: (tuple(m.shape), np.dtype(m.dtype)) for k, m in self._manager.item_metadata(step)["state"].items()}
+        if (wanted := {k: (t.shape, np.dtype(t.dtype)) for k, t in target.items()}) != saved:
+            raise WorkdirTaken(f"checkpoint {self.folder / str(step)} does not fit this run's training state "
+                               f"({_mismatch(saved, wanted)}): it was written by other code; move {self.folder} "
+                               "aside to start the run afresh")
         restore_args = self._ocp.checkpoint_utils.construct_restore_args(target)
         out = self._manager.restore(step, args=self._ocp.args.Composite(
             state=self._ocp.args.PyTreeRestore(item=target, restore_args=restore_args),
@@ -74,6 +84,14 @@ class Checkpoints:
             raise RunFailed(f"cannot write a checkpoint under {self.folder}: {e.strerror or e}") from None
         finally:
             self._manager.close()
+
+
+def _mismatch(saved: dict[str, tuple], wanted: dict[str, tuple]) -> str:
+    """The first difference between two {index: (shape, dtype)} of arrays, in words."""
+    if len(saved) != len(wanted):
+        return f"{len(saved)} arrays, where the run has {len(wanted)}"
+    i = min((k for k in wanted if saved.get(k) != wanted[k]), key=int)
+    return f"array {i} is {saved[i][1]} {list(saved[i][0])}, where the run's is {wanted[i][1]} {list(wanted[i][0])}"
 
 
 def _dtype(x: Any) -> np.dtype:
