@@ -464,6 +464,19 @@ def test_unique_rows_equals_jnp_unique(shape, num_rows, size):
     np.testing.assert_array_equal(np.asarray(rows)[np.asarray(inverse)], ids)
 
 
+@pytest.mark.parametrize("size", [None, 64])
+def test_compact_rows_lists_distinct_ids_by_first_slot(size):
+    from hwrepro.sparse.candidates import compact_rows
+
+    ids = np.array([[7, 3, 40], [3, 40, 9], [40, 2, 40]], np.int32)  # 40 = num_rows: padding
+    rows, index = jax.jit(compact_rows, static_argnums=(1, 2))(jnp.asarray(ids), 40, size)
+    length = size or ids.size
+    np.testing.assert_array_equal(rows, [7, 3, 9, 2] + [40] * (length - 4))
+    np.testing.assert_array_equal(index, [[0, 1, length], [1, length, 2], [length, 3, length]])
+    sums = jax.ops.segment_sum(jnp.arange(1.0, 10.0), index.ravel(), length)  # padding slots dropped
+    np.testing.assert_array_equal(np.asarray(sums)[:4], [1, 2 + 4, 6, 8])
+
+
 def test_bf16_tables_are_stored_as_bits_and_updated_like_bf16_rows(optimized, batch):
     # Row Adam on a uint16-stored bfloat16 table: the same values as on the bfloat16 table itself.
     rng = np.random.default_rng(12)

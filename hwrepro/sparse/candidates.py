@@ -236,26 +236,27 @@ def unique_rows(ids: jax.Array, num_rows: int, size: int | None = None) -> tuple
     return rows, inverse.reshape(ids.shape)
 
 
-def compact_rows(ids: jax.Array, num_rows: int) -> tuple[jax.Array, jax.Array]:
+def compact_rows(ids: jax.Array, num_rows: int, size: int | None = None) -> tuple[jax.Array, jax.Array]:
     """The distinct ids of many slots, in the order of their first slot, and where each slot's id went: for
     the per-example step, whose candidate slots share rows across examples.
 
-    ids: int32 [...] in [0, num_rows] (num_rows is padding). Returns rows int32 [ids.size] (the distinct real
-    ids first, then num_rows) and index int32 [ids.shape] with rows[index] == ids at real ids and index ==
-    ids.size (out of range: dropped by a segment sum) at padding.
+    ids: int32 [...] in [0, num_rows] (num_rows is padding); size: length of the result, at least ids.size
+    (default). Returns rows int32 [size] (the distinct real ids first, then num_rows) and index int32
+    [ids.shape] with rows[index] == ids at real ids and index == size (out of range: dropped by a segment sum)
+    at padding.
 
     One scatter-min of slot numbers into a [num_rows + 1] int32 array, a gather and a cumulative sum: O(num_rows)
     memory (the shared candidates' score array is as large), where `unique_rows` would sort the slots (with
     two keys once id and slot no longer fit one uint32, as 670,091 labels x 131,072 slots do not).
     """
     flat = ids.ravel()
+    size = flat.size if size is None else size
     slot = jnp.arange(flat.size, dtype=jnp.int32)
     first = jnp.full(num_rows + 1, flat.size, jnp.int32).at[flat].min(slot)[flat]  # <= slot: in range
     is_first = (first == slot) & (flat < num_rows)
     position = jnp.cumsum(is_first, dtype=jnp.int32) - 1
-    rows = jnp.full(flat.size, num_rows, jnp.int32).at[jnp.where(is_first, position, flat.size)].set(
-        flat, mode="drop")
-    index = jnp.where(flat < num_rows, position[first], flat.size)
+    rows = jnp.full(size, num_rows, jnp.int32).at[jnp.where(is_first, position, size)].set(flat, mode="drop")
+    index = jnp.where(flat < num_rows, position[first], size)
     return rows, index.reshape(ids.shape)
 
 

@@ -357,9 +357,8 @@ def _per_example_output(p_out: dict, h: jax.Array, labels: jax.Array, sets: PerE
 
     loss, (g_wo, g_bo, g_wf, g_bf, g_h) = jax.value_and_grad(out_loss, argnums=(0, 1, 2, 3, 4))(*gathered, h)
     ids = jnp.concatenate([sets.own.ravel(), sets.fill])
-    rows, index = compact_rows(ids, num_labels)
-    size = sparse_adam.padded_size(rows.size)
-    rows = jnp.pad(rows, (0, size - rows.size), constant_values=num_labels)
+    size = sparse_adam.padded_size(ids.size)
+    rows, index = compact_rows(ids, num_labels, size)
     g_w = jax.ops.segment_sum(jnp.concatenate([g_wo.reshape(-1, g_wo.shape[-1]), g_wf]), index, size)
     g_b = jax.ops.segment_sum(jnp.concatenate([g_bo.ravel(), g_bf]), index, size)
     return loss, rows, jnp.sum(rows < num_labels, dtype=jnp.int32), (g_w, g_b, g_h)
