@@ -329,6 +329,22 @@ def test_a_process_knows_its_place_from_the_launcher_or_the_cluster(monkeypatch)
     assert parallel.cluster() == parallel.Place(3, 4, "auto")
 
 
+@pytest.mark.slow
+def test_a_refused_two_process_run_leaves_the_earlier_record_as_it_was(tmp_path, run_launch):
+    """Both processes refuse the config before they touch the workdir: the unfinished run in it keeps its
+    run.json (status included) and is not moved aside."""
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    earlier = {"status": "interrupted: SIGTERM at step 40 of 200; checkpoint saved"}
+    (workdir / "run.json").write_text(json.dumps(earlier))
+    proc = run_launch(f"--config={_tiny_config_file(tmp_path, 2)}", f"--workdir={workdir}", *TWO_PROCESSES,
+                      "--config.model.method=lsh", "--config.lsh.num_hashes=31")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "error: lsh.num_hashes=31 gives more than 2**30 buckets per table" in proc.stdout + proc.stderr
+    assert json.loads((workdir / "run.json").read_text()) == earlier
+    assert sorted(p.name for p in workdir.iterdir() if not p.name.startswith(("process-", "."))) == ["run.json"]
+
+
 def _running(folder: Path) -> bool:
     """Whether a run's process (hwrepro.harness.process FOLDER...) is alive."""
     return subprocess.run(["pgrep", "-f", f"hwrepro.harness.process {folder}"], capture_output=True).returncode == 0

@@ -78,7 +78,11 @@ def fit(state: Any,
         checkpoint_every = 0
     ckpt = Checkpoints(rec.workdir / CHECKPOINT_DIR, checkpoint_keep) if checkpoint_every else None
     if ckpt is not None and (start := ckpt.latest_step() or 0):
-        state, saved = ckpt.restore(start, state)
+        try:
+            state, saved = ckpt.restore(start, state)
+        except BaseException:
+            ckpt.close()
+            raise
         train_seconds = saved["train_seconds"]
         host.update(saved["experiment"])
         rec.rewind(start)

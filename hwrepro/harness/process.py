@@ -50,11 +50,14 @@ def run_in_child(config: ml_collections.ConfigDict, workdir: Path, stdout=None, 
     workdir = Path(workdir)
     lock = records.lock_workdir(workdir)
     try:
+        records.refuse_finished(workdir)
+        stamp = records.record_stamp(workdir)
         child = subprocess.Popen(_command(workdir), env=_environment(config), stdout=stdout, stderr=stderr,
                                  pass_fds=(lock,), process_group=0)
         with _forwarding_signals(child) as forwarded:
             code = child.wait()
-        if code < 0 and records.status_of(workdir) == "running":
+        # Only a record the child opened (an earlier run's stays as it was until the child's Run.prepare).
+        if code < 0 and records.record_stamp(workdir) != stamp and records.status_of(workdir) == "running":
             records.set_status(workdir, f"failed: killed by {signal.Signals(-code).name} before it could record "
                                         "how it ended (rerun the same command to resume from its last checkpoint)",
                                "hwrepro.harness.process")
@@ -80,6 +83,8 @@ def run_processes(config: ml_collections.ConfigDict, workdir: Path) -> int:
     env = _environment(config)
     lock = records.lock_workdir(workdir)
     try:
+        records.refuse_finished(workdir)
+        stamp = records.record_stamp(workdir)
         with contextlib.ExitStack() as outputs:
             children = []
             for i in range(count):
@@ -107,7 +112,7 @@ def run_processes(config: ml_collections.ConfigDict, workdir: Path) -> int:
     if first > 0 or codes[0] < 0:  # else process 0 recorded and printed why it failed itself
         why = (f"process {first} of {count} {_exit_reason(codes[first])}; the others were stopped (its output: "
                f"{workdir / f'process-{first}' / 'output.txt'})")
-        if records.status_of(workdir) != "done":
+        if records.record_stamp(workdir) != stamp and records.status_of(workdir) != "done":  # process 0's record
             records.set_status(workdir, f"failed: {why}", "hwrepro.harness.process")
         print(f"error: {why}", file=sys.stderr)
     return runner.EXIT_BAD_INPUT if runner.EXIT_BAD_INPUT in codes else runner.EXIT_FAILED

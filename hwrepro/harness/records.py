@@ -53,7 +53,8 @@ class RecordWriteError(RunFailed):
 
 
 class WorkdirTaken(HwreproError):
-    """The workdir already holds a finished run (it is never overwritten), or cannot be a run folder."""
+    """The workdir already holds a finished run (it is never overwritten), cannot be a run folder, or holds a
+    checkpoint of another training state (hwrepro.harness.checkpoints)."""
 
 
 class WorkdirBusy(HwreproError):
@@ -180,6 +181,21 @@ def status_of(workdir: Path) -> str | None:
         return None
 
 
+def refuse_finished(workdir: Path) -> None:
+    """WorkdirTaken when workdir holds a finished run (run.json status 'done'): it is never overwritten."""
+    if status_of(workdir) == "done":
+        raise WorkdirTaken(f"workdir {workdir} already holds a finished run (run.json status 'done'); "
+                           "choose another --workdir or remove it")
+
+
+def record_stamp(workdir: Path) -> int | None:
+    """When workdir/run.json was last written (ns), or None: tells whether a process wrote its record since."""
+    try:
+        return (Path(workdir) / "run.json").stat().st_mtime_ns
+    except OSError:
+        return None
+
+
 def set_status(workdir: Path, status: str, by: str) -> None:
     """Writes `status` into workdir/run.json for a process that could not (it was killed, or crashed before
     its record was open), keeping what that process recorded; `by` names the writer."""
@@ -286,9 +302,7 @@ class Run:
         workdir/previous-<time>/, never deleted. The caller holds the workdir's lock (`lock_workdir`).
         """
         workdir = Path(workdir)
-        if status_of(workdir) == "done":
-            raise WorkdirTaken(f"workdir {workdir} already holds a finished run (run.json status 'done'); "
-                               "choose another --workdir or remove it")
+        refuse_finished(workdir)
         try:
             same_config = read_json(workdir / CONFIG_FILE) == config_dict(config)
         except (OSError, ValueError):

@@ -74,8 +74,8 @@ def run_here(config: ml_collections.ConfigDict, workdir: Path, quiet: bool = Fal
 
     Numerics are applied only if JAX is not imported yet; otherwise the run goes ahead with the process's
     current settings, and run.json says so (`numerics_applied.before_jax: false`). The workdir is locked for
-    the run (WorkdirBusy if another run owns it), but touched only once the experiment has checked the config;
-    an unfinished run of the same config resumes from its last checkpoint. `locked`: the launching process
+    the run (WorkdirBusy if another run owns it), and its records are touched only once the experiment has
+    checked the config; an unfinished run of the same config resumes from its last checkpoint. `locked`: the launching process
     holds the workdir's lock for this one (a child process). SIGINT / SIGTERM / SIGHUP stop the run cleanly
     (interrupts.Interrupted).
     """

@@ -251,6 +251,8 @@ def compact_rows(ids: jax.Array, num_rows: int, size: int | None = None) -> tupl
     """
     flat = ids.ravel()
     size = flat.size if size is None else size
+    if size < flat.size:
+        raise ValueError(f"size={size} is below the {flat.size} slots: distinct ids could be dropped")
     slot = jnp.arange(flat.size, dtype=jnp.int32)
     first = jnp.full(num_rows + 1, flat.size, jnp.int32).at[flat].min(slot)[flat]  # <= slot: in range
     is_first = (first == slot) & (flat < num_rows)
