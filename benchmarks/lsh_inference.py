@@ -24,7 +24,6 @@ each with multi-probe 2^m buckets per table for m in --probes.
 from __future__ import annotations
 
 import argparse
-import ast
 import pickle
 import sys
 import tempfile
@@ -42,6 +41,7 @@ QUICK_SETTINGS = (("simhash", 4, 16, "mips"), ("dwta", 2, 16, "w"), ("dwta", 2, 
 def config_for(quick: bool, steps: int, points: int, overrides: tuple[str, ...] = ()):
     from configs.slide_amazon import slide_config
     from hwrepro.harness.config import load_config_file
+    from hwrepro.study import grid
 
     if quick:  # tests/test_slide_experiment.py's tiny run
         c = slide_config("tiny", "lsh")
@@ -55,14 +55,7 @@ def config_for(quick: bool, steps: int, points: int, overrides: tuple[str, ...] 
     c.train.checkpoint_every = 0
     c.eval.final_points = points
     c.eval.lsh.tables = "training"  # the run's own final evaluation: the cheapest; this script does the rest
-    for override in overrides:  # FIELD=VALUE, the value a Python literal (a bare word: a string)
-        field, _, text = override.partition("=")
-        try:
-            value = ast.literal_eval(text)
-        except (ValueError, SyntaxError):
-            value = text
-        c.update_from_flattened_dict({field: value})
-    return c
+    return grid.apply(c, grid.parse_settings(overrides))
 
 
 def train(config):

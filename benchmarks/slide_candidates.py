@@ -21,7 +21,6 @@ M / num_labels of them.
 from __future__ import annotations
 
 import argparse
-import ast
 import time
 from pathlib import Path
 
@@ -62,14 +61,7 @@ def diagnose(workdir: Path, overrides: list[str], num_batches: int) -> None:
 
     config = load_config_file(slide_bench.MAIN_CONFIG)
     config.eval.final_points = 2048
-    fields = {}
-    for item in overrides:  # values as Python literals (16, 1e-3, "dwta" or dwta); sweep_grid checks types
-        name, _, text = item.partition("=")
-        try:
-            fields[name] = ast.literal_eval(text)
-        except (ValueError, SyntaxError):
-            fields[name] = text
-    config = grid.apply(config, fields)
+    config = grid.apply(config, grid.parse_settings(overrides))
     rows = []
     select = sparse.batch_shared_candidates
 

@@ -216,3 +216,11 @@ def test_every_shipped_config_and_sweep_point_passes_validation(path):
     config = load_config_file(path)
     for point in grid.expand(config):
         runner.validate(sweep.point_config(config, point))
+
+
+def test_set_texts_become_typed_fields_for_apply():
+    fields = grid.parse_settings(["train.learning_rate=3e-3", "lsh.kind=dwta", "lsh.kind2='dwta'",
+                                  "model.hidden=64", "eval.lsh.tables=training"])
+    assert fields == {"train.learning_rate": 3e-3, "lsh.kind": "dwta", "lsh.kind2": "dwta", "model.hidden": 64,
+                      "eval.lsh.tables": "training"}
+    assert grid.apply(base_config("test"), grid.parse_settings(["train.learning_rate=2"])).train.learning_rate == 2.0

@@ -27,6 +27,7 @@ point runs rather than in the middle of a sweep.
 
 from __future__ import annotations
 
+import ast
 import copy
 import hashlib
 import itertools
@@ -141,6 +142,19 @@ def apply(config: ml_collections.ConfigDict, overrides: Mapping[str, Any]) -> ml
         holder, key, coerced = _checked(out, field, value)
         holder[key] = coerced
     return out
+
+
+def parse_settings(items: Iterable[str]) -> dict[str, Any]:
+    """{dotted field: value} from "FIELD=VALUE" texts (a script's --set), for `apply` (which checks fields and
+    types): each value read as a Python literal (16, 1e-3, "dwta"), anything else as a string (dwta)."""
+    fields = {}
+    for item in items:
+        field, _, text = item.partition("=")
+        try:
+            fields[field] = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            fields[field] = text
+    return fields
 
 
 def _format_value(value: Any) -> str:
