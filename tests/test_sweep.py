@@ -16,7 +16,7 @@ import pytest
 from conftest import launch  # python launch.py ARGS, as a user runs it
 from hwrepro.harness import numerics
 from hwrepro.harness import records
-from hwrepro.study import report
+from hwrepro.study import report, stats
 from hwrepro.harness import runner
 from hwrepro.study import sweep
 from hwrepro.study import grid
@@ -299,7 +299,8 @@ def test_final_statistics_match_hand_computed_values(hand):
     assert b.comparison.welch.p == pytest.approx(p, rel=1e-9)
     assert b.comparison.effect.hedges_g == pytest.approx(g, rel=1e-9)
     text = hand["text"]
-    assert f"| `cfg=b` | 3 | 3 | 1 | 2 | 4 | +1 | {p:.3g} | {g:.3g} |  |" in text
+    mde = stats.minimum_detectable_effect(3, 1.0, 3, 1.0)
+    assert f"| `cfg=b` | 3 | 3 | 1 | 2 | 4 | +1 | {mde:.3g} | {p:.3g} | {g:.3g} |  |" in text
     assert "| `cfg=c` | 2 | 6 |" in text and "fewer than 3" in text and "1 failed" in text
     assert "| `cfg=c` | seed=2 | failed: ValueError: boom |" in text
 
@@ -368,3 +369,14 @@ def test_a_failing_report_loses_no_results(tmp_path, capsys, monkeypatch):
     assert "report failed (RuntimeError: plotting broke)" in captured.err
     assert "python -m hwrepro.study.report" in captured.err and "0 done, 0 failed, 1 skipped" in captured.out
     assert _status(tmp_path / "platform=gpu").startswith("skipped: ")
+
+
+def test_report_states_the_minimum_detectable_effect_and_has_an_html_twin(hand):
+    """b against ref: 3 seeds each with spread 1, so the MDE is that of (3, 1, 3, 1) (4.3 standard errors),
+    beside Δ = +1; report.html has the same table and its PNGs inline."""
+    mde = stats.minimum_detectable_effect(3, 1.0, 3, 1.0)
+    assert mde == pytest.approx(4.2957 * math.sqrt(2 / 3), rel=1e-3)
+    assert "| Δ mean vs ref | MDE | Welch p |" in hand["text"]
+    page = (hand["workdir"] / "report.html").read_text()
+    assert "<td>+1</td><td>" + f"{mde:.3g}" + "</td>" in page and "<th>MDE</th>" in page
+    assert page.count('<img src="data:image/png;base64,') == hand["text"].count("![")

@@ -6,8 +6,14 @@ the size of the difference is reported as Cohen's d with Hedges' small-sample co
 can give identical values, i.e. zero variance: then the t statistic and p-value do not exist, and the
 functions here say so in a warning string instead of returning a silent nan.
 
+A comparison that finds nothing says how fine it could see: `minimum_detectable_effect` is the smallest
+difference of means Welch's test would detect at 80% power and alpha 0.05, given the groups' sizes and spreads.
+
 Runs that produced bit-identical parameters (same `param_sha256` in final.json) are grouped with
 `group_by_hash`, the most direct reproducibility measure there is.
+
+scipy is imported by the functions that use it: every run imports the report package when it ends (to write its
+report.html) and should not pay for scipy's import there.
 """
 
 from __future__ import annotations
@@ -16,8 +22,6 @@ import math
 from typing import Mapping, NamedTuple, Sequence
 
 import numpy as np
-from scipy import special
-from scipy import stats as scipy_stats
 
 MIN_GROUP_SIZE = 3  # below this a variance estimate, and so any test, is too unreliable to trust
 
@@ -50,12 +54,14 @@ class EffectSize(NamedTuple):
 
 
 class Comparison(NamedTuple):
-    """Everything a report row needs about two groups; `warnings` collects those of the parts."""
+    """Everything a report row needs about two groups; `warnings` collects those of the parts; `mde` is the
+    minimum detectable effect (`minimum_detectable_effect`) for their sizes and spreads."""
     a: Summary
     b: Summary
     welch: Welch
     effect: EffectSize
     warnings: tuple[str, ...]
+    mde: float
 
 
 def _as_values(values: Sequence[float], name: str) -> np.ndarray:
@@ -109,6 +115,8 @@ def welch_ttest(a: Sequence[float], b: Sequence[float]) -> Welch:
         return Welch(math.nan, math.nan, math.nan, tuple(warnings))
     t = diff / math.sqrt(va + vb)
     df = (va + vb) ** 2 / (va ** 2 / (x.size - 1) + vb ** 2 / (y.size - 1))
+    from scipy import stats as scipy_stats
+
     p = 2.0 * scipy_stats.t.sf(abs(t), df)
     return Welch(float(t), float(df), float(p), tuple(warnings))
 
@@ -121,6 +129,8 @@ def hedges_correction(df: float) -> float:
     """
     if df <= 1:
         return math.nan
+    from scipy import special
+
     return float(math.exp(special.gammaln(df / 2) - special.gammaln((df - 1) / 2)) / math.sqrt(df / 2))
 
 
@@ -147,12 +157,67 @@ def effect_size(a: Sequence[float], b: Sequence[float]) -> EffectSize:
     return EffectSize(float(d), float(d * j), tuple(warnings))
 
 
+def _welch_rejection(n_a: int, std_a: float, n_b: int, std_b: float, alpha: float,
+                     grid: int) -> tuple[np.ndarray, float]:
+    """(the |difference of means| beyond which Welch's test rejects, at each point of a grid x grid midpoint
+    quadrature over the two sample variances' scaled chi-square quantiles; the difference's true std)."""
+    from scipy import stats as scipy_stats
+
+    u = (np.arange(grid) + 0.5) / grid
+    va = std_a ** 2 / n_a * scipy_stats.chi2.ppf(u, n_a - 1)[:, None] / (n_a - 1)
+    vb = std_b ** 2 / n_b * scipy_stats.chi2.ppf(u, n_b - 1)[None, :] / (n_b - 1)
+    df = (va + vb) ** 2 / (va ** 2 / (n_a - 1) + vb ** 2 / (n_b - 1))
+    sd = math.sqrt(std_a ** 2 / n_a + std_b ** 2 / n_b)
+    return scipy_stats.t.ppf(1.0 - alpha / 2.0, df) * np.sqrt(va + vb), sd
+
+
+def _power(difference: float, cut: np.ndarray, sd: float) -> float:
+    from scipy import stats as scipy_stats
+
+    return float(np.mean(scipy_stats.norm.sf((cut - difference) / sd)
+                         + scipy_stats.norm.cdf((-cut - difference) / sd)))
+
+
+def welch_power(difference: float, n_a: int, std_a: float, n_b: int, std_b: float, alpha: float = 0.05,
+                grid: int = 128) -> float:
+    """The probability that Welch's two-sided test at level `alpha` rejects equal means when the true
+    difference is `difference` and the groups (n_a, n_b >= 2 values) are normal with std_a, std_b.
+
+    Given the sample variances, the difference of sample means is normal and independent of them, so the power
+    is the mean over the variances' distributions of P(|diff| > t_crit(df) * se), with Welch's df and se
+    computed from those variances as the test does: a deterministic quadrature, accurate to about 1e-3.
+    """
+    return _power(difference, *_welch_rejection(n_a, std_a, n_b, std_b, alpha, grid))
+
+
+def minimum_detectable_effect(n_a: int, std_a: float, n_b: int, std_b: float, alpha: float = 0.05,
+                              power: float = 0.8, grid: int = 128) -> float:
+    """The smallest true difference of means that Welch's two-sided test at level `alpha` finds with
+    probability `power` (`welch_power`), taking the groups' standard deviations (ddof=1) as the true ones.
+
+    It gives a "no difference" its resolution: a measured effect below it, with a large p, is no evidence of
+    equality. For large groups it tends to (z_(1-alpha/2) + z_power) * se = 2.80 * se, se = sqrt(s_a^2 / n_a
+    + s_b^2 / n_b); with 3 values a group and equal spreads it is 4.3 se (Welch's df is itself estimated).
+    nan when a group has fewer than 2 values or a spread is not finite; 0 when both spreads are 0.
+    """
+    if n_a < 2 or n_b < 2 or not (math.isfinite(std_a) and math.isfinite(std_b)):
+        return math.nan
+    if std_a == std_b == 0.0:
+        return 0.0
+    from scipy import optimize
+
+    cut, sd = _welch_rejection(n_a, std_a, n_b, std_b, alpha, grid)
+    return float(optimize.brentq(lambda d: _power(d * sd, cut, sd) - power, 0.0, 100.0, xtol=1e-6) * sd)
+
+
 def compare(a: Sequence[float], b: Sequence[float]) -> Comparison:
-    """Summaries, Welch's t-test and effect size of two groups, with every warning collected once."""
+    """Summaries, Welch's t-test, effect size and minimum detectable effect of two groups, with every warning
+    collected once."""
     welch = welch_ttest(a, b)
     effect = effect_size(a, b)
     warnings = tuple(dict.fromkeys(welch.warnings + effect.warnings))
-    return Comparison(summarize(a), summarize(b), welch, effect, warnings)
+    sa, sb = summarize(a), summarize(b)
+    return Comparison(sa, sb, welch, effect, warnings, minimum_detectable_effect(sa.n, sa.std, sb.n, sb.std))
 
 
 def group_by_hash(hashes: Mapping[str, str]) -> list[list[str]]:

@@ -1,14 +1,20 @@
-"""The sweep report: do the set-ups of a sweep train to different results, and where do their paths part?
+"""The reports: a sweep's (do its set-ups train to different results, and where do their paths part?) and a
+run's (curves, where the time went, config, environment).
 
     python -m hwrepro.study.report DIR [--metric test_loss] [--reference 'precision=fp32,isa=AVX512,threads=2']
+    python -m hwrepro.study.report --html W [W ...] [--out FILE]
 
-reads DIR/sweep.json and each point's run folder (hwrepro.study.sweep writes them) and writes DIR/report.md with
-PNG plots next to it. A *configuration* is a set-up: the points that differ only in their repeat fields
+The first reads DIR/sweep.json and each point's run folder (hwrepro.study.sweep writes them) and writes
+DIR/report.md with PNG plots next to it, and DIR/report.html, the same with the plots inline. The second
+writes W/report.html (every run also writes its own when it ends), or for several run folders one page that
+overlays them (FILE, default report.html here). One module and command for both: the package has no second
+module named `report`. A *configuration* is a set-up: the points that differ only in their repeat fields
 (`group_over`, default the seed). The report gives, per configuration, the final metric over seeds and its
 difference from a reference configuration (Welch's t-test, Hedges' g); which runs ended bit-identical
 (param_sha256); mean loss curves; the divergence of runs that share a seed (same initial parameters and data
 order) from the reference run of that seed, over the checkpoints of trajectory.npz and the logged losses; and
-the Hessian's extreme eigenvalues at checkpoints (the saddle-point diagnostic). Points that failed, were
+the Hessian's extreme eigenvalues at checkpoints (the saddle-point diagnostic). Each comparison states its minimum
+detectable effect (80% power, alpha 0.05) beside the measured one. Points that failed, were
 skipped or have not run are listed, never dropped silently.
 
 numpy, scipy and matplotlib (Agg) only: no JAX, so a report can be rebuilt anywhere.
@@ -25,15 +31,17 @@ from hwrepro.study.report.analysis import (PLOTS, REPORT_FILE, Analysis, Hessian
                                            values_by_configuration)
 from hwrepro.study.report.figures import time_to_accuracy, write_plots
 from hwrepro.study.report.markdown import render
+from hwrepro.study.report.pages import RUN_REPORT_FILE, run_report, sweep_page, write_page, write_run_report
 
 __all__ = ["PLOTS", "REPORT_FILE", "Analysis", "HessianPoint", "ReportError", "Sweep", "analyse", "hash_groups", "hessian_by_configuration", "load",
-           "render", "summarize_divergences", "time_to_accuracy", "values_by_configuration", "write_plots",
-           "write_report"]
+           "render", "run_report", "summarize_divergences", "time_to_accuracy", "values_by_configuration",
+           "write_plots", "write_report", "write_run_report"]
 
 
 def write_report(workdir: Path, metric: str | None = None, reference: str | None = None,
                  curve_key: str | None = None) -> Path:
-    """Writes DIR/report.md and its PNGs; returns the report's path (arguments as for `analyse`)."""
+    """Writes DIR/report.md, its PNGs and DIR/report.html; returns report.md's path (arguments as for
+    `analyse`)."""
     workdir = Path(workdir)
     sweep = load(workdir)
     a = analyse(sweep, metric, reference, curve_key)
@@ -42,24 +50,40 @@ def write_report(workdir: Path, metric: str | None = None, reference: str | None
     plots = write_plots(sweep, workdir, a)
     path = workdir / REPORT_FILE
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(render(sweep, a, plots))
+    text = render(sweep, a, plots)
+    tmp.write_text(text)
     tmp.replace(path)
+    write_page(workdir / RUN_REPORT_FILE, sweep_page(text, workdir, f"hwrepro sweep: {sweep.record.get('name')}"))
     return path
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m hwrepro.study.report",
-        description="Write DIR/report.md and PNGs for a finished (or partial) sweep; or, with --time-to-accuracy, "
-                    "plot a metric against training time and epochs for several runs.")
+        description="Write DIR/report.md, report.html and PNGs for a finished (or partial) sweep; with --html, "
+                    "the HTML report of run folders; with --time-to-accuracy, plot a metric against training time "
+                    "and epochs for several runs.")
     parser.add_argument("paths", nargs="+", metavar="DIR", help="the sweep folder (holds sweep.json); with "
-                        "--time-to-accuracy, run folders (each holds metrics.jsonl)")
+                        "--html or --time-to-accuracy, run folders (each holds run.json and metrics.jsonl)")
+    parser.add_argument("--html", action="store_true", help="write W/report.html for one run folder, or one "
+                        "page overlaying several (--out)")
+    parser.add_argument("--out", default=RUN_REPORT_FILE, help="with --html and several run folders: the "
+                        "page to write (default: report.html in the current folder)")
     parser.add_argument("--metric", help="final.json entry to compare (default: report.metric or test_loss); "
                         "with --time-to-accuracy, the metrics.jsonl entry (default eval_P@1)")
     parser.add_argument("--reference", help="reference configuration name (default: report.reference)")
     parser.add_argument("--curve", help="metrics.jsonl entry for curves (default: report.curve or loss)")
     parser.add_argument("--time-to-accuracy", metavar="OUT.png", help="write this time-to-accuracy plot instead")
     args = parser.parse_args(argv)
+    if args.html:
+        try:
+            path = (write_run_report(Path(args.paths[0])) if len(args.paths) == 1 else
+                    write_page(Path(args.out), run_report([Path(p) for p in args.paths])))
+        except ReportError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        print(f"report: {path}")
+        return 0
     if args.time_to_accuracy:
         missing = [d for d in args.paths if not (Path(d) / "metrics.jsonl").exists()]
         if missing:

@@ -15,7 +15,7 @@ def _fmt(x: Any, spec: str = ".6g") -> str:
     return format(x, spec)
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
     cell = lambda v: str(v).replace("|", "\\|")
     return (["| " + " | ".join(map(cell, header)) + " |", "|" + "---|" * len(header)]
             + ["| " + " | ".join(map(cell, r)) + " |" for r in rows])
@@ -93,18 +93,20 @@ def _final_section(a: Analysis, plots: dict[str, str]) -> list[str]:
         diff = (f"{s.mean - cmp.b.mean:+.4g}" if cmp is not None else
                 "(reference)" if row.configuration == a.reference else "–")
         table.append([f"`{row.configuration}`", s.n, _fmt(s.mean), _fmt(s.std, ".3g"), _fmt(s.min), _fmt(s.max),
-                      diff, _fmt(cmp.welch.p if cmp else None, ".3g"),
+                      diff, _fmt(cmp.mde if cmp else None, ".3g"), _fmt(cmp.welch.p if cmp else None, ".3g"),
                       _fmt(cmp.effect.hedges_g if cmp else None, ".3g"), flags, _fmt(row.wall_seconds, ".1f"),
                       ", ".join(f"{v} {k}" for k, v in row.statuses.items() if k != "done")])
-    out += _table(["configuration", "n", "mean", "std", "min", "max", "Δ mean vs ref", "Welch p", "Hedges g",
-                   "warnings", "wall s", "not done"], table) + [""]
+    out += markdown_table(["configuration", "n", "mean", "std", "min", "max", "Δ mean vs ref", "MDE", "Welch p",
+                           "Hedges g", "warnings", "wall s", "not done"], table) + [""]
     if notes:
         out += ["Warnings (group a = the configuration, group b = the reference):", ""]
         out += [f"{i}. {w}" for w, i in notes.items()] + [""]
     out += ["Δ is the configuration's mean minus the reference's; p is Welch's two-sided t-test (unequal "
             "variances); g is Hedges' bias-corrected standardised difference; wall s is the mean run time. "
-            "With a few seeds a t-test has little power: a large p says the set-ups were not told apart, not "
-            "that they are equal.", ""]
+            "MDE is the minimum detectable effect: the smallest |Δ| this comparison finds with 80% power at "
+            "alpha 0.05, for its seed counts and the seeds' spreads (Welch's test, normal errors; 0 when no "
+            "seed varies). With a few seeds a t-test has little power: a large p says the set-ups were not told "
+            "apart to within about the MDE, not that they are equal.", ""]
     if "final" in plots:
         out += [f"![final {a.metric} per configuration]({plots['final']})", ""]
     if "curves" in plots:
@@ -130,10 +132,10 @@ def _identity_section(sweep: Sweep, a: Analysis) -> list[str]:
         if any(r.done for r in runs):
             cells = {r.repeat: a.labels.get(r.name, "·") if r.done else r.status.split(":")[0] for r in runs}
             matrix.append([f"`{c}`"] + [cells.get(k, "") for k in repeats])
-    out += _table(["configuration", *repeats], matrix) + [""]
+    out += markdown_table(["configuration", *repeats], matrix) + [""]
     if shared:
         sha = {r.name: r.final["param_sha256"] for r in done}
-        out += _table(["group", "runs", "param_sha256"],
+        out += markdown_table(["group", "runs", "param_sha256"],
                       [[a.labels[g[0]], "<br>".join(f"`{n}`" for n in g), f"`{sha[g[0]][:16]}…`"]
                        for g in shared]) + [""]
     return out
@@ -160,7 +162,7 @@ def _divergence_section(sweep: Sweep, a: Analysis, plots: dict[str, str]) -> lis
         table.append([f"`{c}`", s.seeds, f"{s.identical}/{s.with_params}",
                       first(s.first_param_step) if s.with_params else "–", _fmt(s.end_mean, ".3g") + spread,
                       first(s.first_loss_step), _fmt(s.max_abs_loss_diff, ".3g"), s.notes])
-    out += _table(["configuration", "seeds", "identical at all checkpoints", "params first differ (step)",
+    out += markdown_table(["configuration", "seeds", "identical at all checkpoints", "params first differ (step)",
                    "distance at end: mean (min–max)", f"{a.curve_key} first differs (step)",
                    f"max |Δ{a.curve_key}| (mean over seeds)", "notes"], table) + [""]
     if "divergence" in plots:
@@ -183,7 +185,8 @@ def _hessian_section(sweep: Sweep, a: Analysis, plots: dict[str, str]) -> list[s
     runs = f"{ns[0]}" if len(ns) == 1 else f"{ns[0]} to {ns[-1]}"
     out += [f"λ_max / λ_min of the training loss's Hessian on a fixed probe batch, mean over the runs that "
             f"estimated it ({runs} per cell), by Lanczos with {iters} iterations.", ""]
-    out += _table(["configuration", *[f"step {s}" for s in steps]], table) + ["", _curvature_sentence(a.hessian), ""]
+    out += (markdown_table(["configuration", *[f"step {s}" for s in steps]], table)
+            + ["", _curvature_sentence(a.hessian), ""])
     if "hessian" in plots:
         out += [f"![Hessian eigenvalues]({plots['hessian']})", ""]
     return out
@@ -195,13 +198,13 @@ def _status_section(sweep: Sweep, a: Analysis) -> list[str]:
         if not r.done:
             by_status.setdefault((r.configuration, r.status), []).append(r.repeat)
     out = ["## Points not in the statistics", ""]
-    out += (_table(["configuration", "repeats", "status"],
+    out += (markdown_table(["configuration", "repeats", "status"],
                    [[f"`{c}`", ", ".join(reps), status] for (c, status), reps in by_status.items()])
             if by_status else ["None: every point finished."]) + [""]
     done = [r for r in sweep.runs if r.done]
     if done and a.metric:
         out += ["## All finished runs", ""]
-        out += _table(["point", a.metric, "wall s", "param_sha256"],
+        out += markdown_table(["point", a.metric, "wall s", "param_sha256"],
                       [[f"`{r.name}`", _fmt(r.final.get(a.metric)), _fmt(r.final.get("wall_seconds"), ".1f"),
                         f"`{r.final.get('param_sha256', '')[:16]}`"] for r in done]) + [""]
     return out
