@@ -18,7 +18,11 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config fil
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run folder (default: a fresh runs/<name>-<time>/).")
 _SHARD = flags.DEFINE_string("shard", None, "For sweeps: run only shard i of n, written 'i/n'.")
-flags.mark_flags_as_required(["config"])
+_PREDICT = flags.DEFINE_string("predict", None, "Score this file's points with the model --workdir kept.")
+_OUTPUT = flags.DEFINE_string("output", None, "With --predict: where the predictions go (one line a point).")
+_K = flags.DEFINE_integer("k", 5, "With --predict: labels per point.")
+_LSH = flags.DEFINE_bool("lsh", False, "With --predict: LSH-scored (the model's inference tables) instead of dense.")
+_OVERWRITE = flags.DEFINE_bool("overwrite", False, "With --predict: replace an existing --output.")
 
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
@@ -51,6 +55,7 @@ def usage() -> str:
     width = max(len(p.name) for p in configs)
     lines = [f"  configs/{p.name:<{width}}  {first_sentence(p)}" for p in configs]
     return f"""usage: python launch.py --config=configs/NAME.py [--workdir=DIR] [--config.a.b=value ...] [--shard=i/n]
+       python launch.py --workdir=DIR --predict=FILE --output=OUT [--k=5] [--lsh] [--overwrite]
 
 Runs one experiment (or a sweep) and records it in DIR (default: a fresh runs/<name>-<time>/): config.json,
 run.json, metrics.jsonl, final.json with param_sha256. Exit codes: 0 done, 1 failed, 2 bad input, 3 skipped.
@@ -65,6 +70,9 @@ flags:
   --config=FILE      the experiment config (required)
   --workdir=DIR      the run folder; a folder holding a finished run is never overwritten
   --shard=i/n        sweeps only: run every n-th point starting at i (for a job array)
+  --predict=FILE     score FILE (XC text format, labels optional, or bare 'f:v f:v' lines) with the model the
+                     finished run in --workdir kept; --output=OUT gets one line a point ('id:score' best
+                     first); --k=N labels, --lsh LSH-scored, --overwrite replaces OUT; P@1/3/5 when FILE has labels
 """
 
 
@@ -125,6 +133,19 @@ def config_path() -> str:
 def main(argv):
     from hwrepro.harness import launcher, runner
 
+    if _PREDICT.value is not None:
+        if not _WORKDIR.value or not _OUTPUT.value or flags.FLAGS["config"].present:
+            print("error: --predict=FILE takes --workdir=DIR (a finished run) and --output=OUT, and no --config (the "
+                  "run's own is used)", file=sys.stderr)
+            return 2
+        try:
+            return launcher.predict(_WORKDIR.value, _PREDICT.value, _OUTPUT.value, _K.value, _LSH.value,
+                                    _OVERWRITE.value, argv=sys.argv)
+        except (Exception, KeyboardInterrupt) as e:
+            return runner.report_error(e)
+    if not flags.FLAGS["config"].present:
+        print("error: --config=configs/NAME.py is required (see --help)", file=sys.stderr)
+        return 2
     try:
         config = _CONFIG.value
         config.get("experiment")  # a config file that failed to load raises here

@@ -1,12 +1,14 @@
 """Kill a run with SIGKILL at random moments, rerun the same command, and compare the final bits.
 
-    python benchmarks/kill_resume.py [--kills 5] [--seed 0] [--set group.field=value ...]
+    python benchmarks/kill_resume.py [--kills 5] [--seed 0] [--processes 2] [--set group.field=value ...]
 
 Runs the config once uninterrupted, then `--kills` times: starts the same run in a fresh folder, sends SIGKILL
 to its training process at a random moment between its first checkpoint and its end, reruns the same command
 (which resumes from the last complete checkpoint) and prints whether the final param_sha256 equals the
 uninterrupted run's. Default: SLIDE (LSH tables, rebuilds and hash redraws on their schedule) on the small
-`tiny` data set, checkpointed every 25 steps. Exit code 0 when every rerun has the uninterrupted bits.
+`tiny` data set, checkpointed every 25 steps. `--processes N`: the run over N local processes (jax.distributed,
+parallel.model=N, one CPU device each), every one of them killed. Exit code 0 when every rerun has the
+uninterrupted bits.
 """
 
 from __future__ import annotations
@@ -53,9 +55,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kills", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0, help="seed of the random kill moments")
+    parser.add_argument("--processes", type=int, default=1, help="processes of the run (each is killed)")
     parser.add_argument("--set", action="append", default=[], metavar="group.field=value")
     args = parser.parse_args()
-    overrides = DEFAULTS + args.set
+    several = [f"parallel.processes={args.processes}", "numerics.cpu_devices=1", f"parallel.model={args.processes}"]
+    overrides = DEFAULTS + (several if args.processes > 1 else []) + args.set
     rng = random.Random(args.seed)
     root = Path(tempfile.mkdtemp(prefix="kill_resume-"))
     try:
@@ -74,6 +78,7 @@ def main() -> int:
                                    stderr=subprocess.DEVNULL)
             wait_for_checkpoint(workdir, run)
             time.sleep(rng.uniform(0.0, 0.9 * window))
+            # Every process of the run: process i > 0 runs as `hwrepro.harness.process <workdir>/process-<i>`.
             subprocess.run(["pkill", "-KILL", "-f", f"hwrepro.harness.process {workdir}"])
             run.wait()
             at = sorted(map(int, checkpoints(workdir)))

@@ -9,7 +9,7 @@ process, bit for bit the main job's training, and keeps the trained parameters a
 (later runs read them from there). Quick mode trains the tiny synthetic set (300 labels) for a few epochs.
 
 Then, on --points test points (the experiment's fixed shuffled subset, batches of eval.batch_size), it scores
-every label (sparse.topk, chunked) and each LSH setting below (sparse.topk_lsh_counted: the retrieved labels
+every label (sparse.topk, chunked) and each LSH setting below (sparse.topk_lsh_scored: the retrieved labels
 scored exactly) and prints P@1 / P@5, the mean share of labels scored per point, seconds for the points
 (after one batch to compile) and the speed-up over dense, plus the seconds to build the setting's tables
 (compiled before):
@@ -174,10 +174,10 @@ def benchmark(quick: bool, state_path: Path | None, steps: int, points: int, pro
         for m in probes:
             if m > k:
                 continue
-            p1, p5, share, seconds = run(lambda batch: sparse.topk_lsh_counted(
+            p1, p5, share, seconds = run(lambda batch: sparse.topk_lsh_scored(
                 params, fn, tables, {k_: v for k_, v in batch.items() if k_ != "mask"}, 5,
                 bucket_capacity=e.bucket_capacity, probe_bits=m, inner_product=tables_of == "mips",
-                max_scored=e.max_scored))
+                max_scored=e.max_scored)[1:])
             print(f"{name:<34}{m:>2}{p1:>8.4f}{p5:>8.4f}{p1 / dense[0]:>9.2f}{share:>9.2%}{seconds:>9.2f}"
                   f"{dense[3] / seconds:>9.1f}{seconds_to_build:>9.2f}", flush=True)
 

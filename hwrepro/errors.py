@@ -22,6 +22,11 @@ class DataError(HwreproError, ValueError):
         return cls(f"{os.fspath(path)}:{line}: {problem}")
 
 
+class ModelError(HwreproError):
+    """A workdir has no usable model: not a finished run, trained with train.keep_model=False, or its model
+    files are damaged or from an incompatible hwrepro (hwrepro.harness.trained)."""
+
+
 class RunFailed(Exception):
     """The run failed for a reason the user reads as is (a diverged loss, a full disk): exit code 1, one line."""
 

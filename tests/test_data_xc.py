@@ -287,3 +287,33 @@ def test_fixed_subset_is_a_fixed_shuffled_subset(tiny):
         np.testing.assert_array_equal(sub.feat_indices[sub.feat_indptr[i]:sub.feat_indptr[i + 1]],
                                       test.feat_indices[test.feat_indptr[r]:test.feat_indptr[r + 1]])
     assert xc.fixed_subset(test, 10**6, seed=5).num_points == test.num_points   # clamps, no crash
+
+
+def test_each_process_reads_its_share_and_batches_are_the_whole_splits(tmp_path, monkeypatch):
+    """Process i of n keeps the points i, i + n, ... of a file (block by block); batches of the shares, merged
+    over the processes (here: the shares' own partial batches added up), are the batches of the whole file,
+    also for a shuffled evaluation subset."""
+    from hwrepro.harness import parallel
+
+    train, _ = xc.synthetic("tiny", num_train=50, num_test=10, seed=3)
+    path = tmp_path / "train.txt"
+    xc.write_xc(path, train)
+    whole = xc.read_xc(path, use_cache=False)
+    shares = [xc.read_xc(path, share=(i, 3)) for i in range(3)]
+    assert [s.num_points for s in shares] == [17, 17, 16] and not list(tmp_path.glob("*.npz"))
+    np.testing.assert_array_equal(shares[1].feat_values, whole.take(np.arange(1, 50, 3)).feat_values)
+    one = xc.XCBatcher(whole, 8, 4).batch(np.arange(5))
+    one["feat_vals"][0, 0] = -0.0
+    merged = parallel.merge_over_processes(one)  # one process: its own batch, bits and dtypes kept
+    assert all(merged[k].dtype == one[k].dtype and merged[k].tobytes() == one[k].tobytes() for k in one)
+    parts = []
+    monkeypatch.setattr(parallel, "merge_over_processes", lambda b: parts.append(b) or b)
+    rows = np.random.default_rng(0).permutation(50)[:12]
+    for rows_of, pick in ((lambda d: d, rows), (lambda d: xc.fixed_subset(d, 20, seed=1), rows[:8] % 20)):
+        parts.clear()
+        for share in shares:
+            xc.XCBatcher(rows_of(share), 8, 4).batch(pick)
+        summed = {k: sum(p[k] for p in parts) for k in parts[0]}
+        want = xc.XCBatcher(rows_of(whole), 8, 4).batch(pick)
+        assert all(np.array_equal(summed[k], want[k]) for k in want)
+    assert xc.XCBatcher(shares[2], 8, 4).steps_per_epoch(10) == 5

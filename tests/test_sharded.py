@@ -311,6 +311,20 @@ def test_launch_with_two_model_shards_matches_the_single_device_run(tmp_path, ru
     run = json.loads((workdir / "run.json").read_text())
     assert run["parallel"]["process_count"] == 2 and run["parallel"]["cpu_collectives"] == "gloo"
     assert (workdir / "process-0" / "output.txt").stat().st_size > 0
+    # Each process held half of the points (and its batches were the one-process batches: the same bits).
+    assert run["data_details"]["points_held"] == {"train": 2000, "test": 500}
+    # The models the mesh runs kept load on this process's one device and score as the mesh evaluated.
+    from hwrepro.data import xc
+    from hwrepro.experiments import slide
+    from hwrepro.harness import trained
+
+    xc.write_xc(tmp_path / "test.txt", xc.synthetic("tiny", seed=0)[1])  # the final evaluation's points
+    assert not (workdir / "process-1" / "model").exists()
+    for name in ("two", "processes"):
+        model = trained.load(tmp_path / f"lsh{name}")
+        got = slide.predict_file(model, str(tmp_path / "test.txt"), str(tmp_path / f"{name}.txt"))
+        assert {k: got[k] for k in ("P@1", "P@3", "P@5")} == pytest.approx(
+            {f"P@{k}": finals["lsh", name][f"test_P@{k}"] for k in (1, 3, 5)}, abs=1e-6)
 
 
 def test_a_process_knows_its_place_from_the_launcher_or_the_cluster(monkeypatch):

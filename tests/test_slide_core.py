@@ -417,9 +417,11 @@ def test_lsh_scored_top_k_equals_dense_top_k_when_every_label_is_retrieved(param
             hash_fn = spec.init(jax.random.PRNGKey(18), H)
             tables = sparse.lsh.build_tables(hash_fn, w, jax.random.PRNGKey(19))
         for max_scored in (None, N):  # N of the 2 * 2 * N slots: every distinct id
-            ids, scored = sparse.topk_lsh_counted(params, hash_fn, tables, batch, 5, bucket_capacity=N,
-                                                  probe_bits=1, inner_product=inner_product, max_scored=max_scored)
+            scores, ids, scored = sparse.topk_lsh_scored(params, hash_fn, tables, batch, 5, bucket_capacity=N,
+                                                         probe_bits=1, inner_product=inner_product,
+                                                         max_scored=max_scored)
             np.testing.assert_array_equal(ids, dense)
+            np.testing.assert_allclose(scores, sparse.topk_scored(params, batch, 5)[0], rtol=1e-6)
             np.testing.assert_array_equal(scored, N)
 
 

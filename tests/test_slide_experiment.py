@@ -267,3 +267,115 @@ def test_plot_labels_tell_runs_of_one_config_apart(tmp_path):
         (tmp_path / folder / "run.json").write_text(json.dumps({"name": name}))
     labels = figures.run_labels([tmp_path / f for f in ("dwta", "simhash", "s")])
     assert labels == ["lsh_amazon670k (dwta)", "lsh_amazon670k (simhash)", "sampled_amazon670k"]
+
+
+# ------------------------------------------------------------------------------------------- the kept model
+
+
+def _final_eval_file(tmp_path, config):
+    """The points of a tiny run's final evaluation, written as an XC file (what a user would predict)."""
+    test = xc.synthetic("tiny", seed=config.data.seed)[1]
+    if config.eval.final_points:
+        test = xc.fixed_subset(test, config.eval.final_points, config.data.seed)
+    xc.write_xc(tmp_path / "test.txt", test)
+    return tmp_path / "test.txt", test
+
+
+@pytest.mark.slow
+def test_predict_from_the_command_line_scores_as_the_run_evaluated(lsh_run, tmp_path, run_launch, capsys):
+    """A fresh process loads the model the run kept and scores the run's own test points: the same P@k as the
+    run's dense evaluation (printed), one line a point of k `id:score`, best first; LSH-scored, the same P@k
+    as the run's LSH-scored evaluation (its inference tables rebuilt alike)."""
+    from hwrepro.harness import launcher, trained
+
+    workdir, final = lsh_run
+    assert final["model_bytes"] == sum(p.stat().st_size for p in (workdir / "model").rglob("*") if p.is_file())
+    path, test = _final_eval_file(tmp_path, tiny_config())
+    out = tmp_path / "pred.txt"
+    p = run_launch(f"--workdir={workdir}", f"--predict={path}", f"--output={out}", "--k=3")
+    assert p.returncode == 0, p.stderr[-2000:]
+    printed = dict(re.findall(r"(P@\d) ([\d.]+)", p.stdout))
+    assert {k: float(v) for k, v in printed.items()} == pytest.approx(
+        {f"P@{k}": final[f"test_P@{k}"] for k in (1, 3, 5)}, abs=1e-4)
+    assert re.search(r"predict test.txt\] batch (\d+)/\1 \(100%\)", p.stderr)
+    lines = out.read_text().splitlines()
+    assert len(lines) == test.num_points and all(len(line.split()) == 3 for line in lines)
+    scores = [float(t.split(":")[1]) for t in lines[0].split()]
+    assert scores == sorted(scores, reverse=True)
+    again = run_launch(f"--workdir={workdir}", f"--predict={path}", f"--output={out}")
+    assert again.returncode == 2 and again.stderr.strip().splitlines() == [
+        f"error: --output={out} exists; choose another path or add --overwrite"]
+    assert out.read_text().splitlines() == lines
+    capsys.readouterr()
+    assert launcher.predict(str(workdir), str(path), str(out), lsh=True, overwrite=True) == 0
+    printed = dict(re.findall(r"(P@\d) ([\d.]+)", capsys.readouterr().out))
+    assert {k: float(v) for k, v in printed.items()} == pytest.approx(
+        {f"P@{k}": final[f"test_lsh_P@{k}"] for k in (1, 3, 5)}, abs=1e-4)
+    model = trained.load(workdir)
+    assert model.predictor(k=5, lsh=True) is model.predictor(k=5, lsh=True)  # tables built once
+
+
+@pytest.mark.slow
+def test_predict_refuses_bad_input_in_one_line_and_writes_nothing(lsh_run, tmp_path):
+    import shutil
+
+    from hwrepro.harness import launcher
+
+    workdir, _ = lsh_run
+    good = tmp_path / "points.txt"
+    good.write_text("5:0.5 7:1\n")
+    bad_id = tmp_path / "bad_id.txt"
+    bad_id.write_text("5:0.5 7:1\n3 2000:1.0\n")
+    malformed = tmp_path / "malformed.txt"
+    malformed.write_text("5:0.5\n\n1:2:3\n")
+    unfinished = tmp_path / "unfinished"
+    shutil.copytree(workdir, unfinished)
+    run = json.loads((unfinished / "run.json").read_text())
+    (unfinished / "run.json").write_text(json.dumps(dict(run, status="interrupted: SIGTERM at step 40")))
+    truncated = tmp_path / "truncated"
+    shutil.copytree(workdir, truncated)
+    biggest = max((p for p in (truncated / "model").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    biggest.write_bytes(biggest.read_bytes()[: biggest.stat().st_size // 2])
+    newer = tmp_path / "newer"
+    shutil.copytree(workdir, newer)
+    info = json.loads((newer / "model" / "model.json").read_text())
+    (newer / "model" / "model.json").write_text(json.dumps(dict(info, format=99, hwrepro="9.0")))
+    no_model = tmp_path / "no_model"
+    shutil.copytree(workdir, no_model, ignore=shutil.ignore_patterns("model"))
+    config = json.loads((no_model / "config.json").read_text())
+    config["train"]["keep_model"] = False
+    (no_model / "config.json").write_text(json.dumps(config))
+    cases = [(tmp_path / "nowhere", good, "is not a run folder"),
+             (unfinished, good, "holds an unfinished run (status 'interrupted: SIGTERM at step 40')"),
+             (no_model, good, "it was trained with train.keep_model=False"),
+             (truncated, good, "damaged"),
+             (newer, good, "has model format 99, this hwrepro (0.1.0) reads format 1"),
+             (workdir, bad_id, f"{bad_id}:2: feature index 2000 >= number of features 2000 (the model's)"),
+             (workdir, malformed, f"{malformed}:3: bad feature token '1:2:3'"),
+             (workdir, tmp_path / "missing.txt", "no such file")]
+    for folder, points, message in cases:
+        out = tmp_path / "out.txt"
+        with pytest.raises(Exception) as e:
+            launcher.predict(str(folder), str(points), str(out))
+        assert message in str(e.value) and "\n" not in str(e.value), (folder, str(e.value))
+        assert runner.report_error(e.value) == runner.EXIT_BAD_INPUT
+        assert not out.exists() and not list(tmp_path.glob("out.txt.tmp*"))
+
+
+@pytest.mark.slow
+def test_fine_tuning_starts_from_a_finished_runs_parameters(lsh_run, tmp_path):
+    workdir, final = lsh_run
+    c = tiny_config("lsh")
+    c.train.num_epochs, c.train.num_steps, c.train.log_every = 1, 20, 20
+    c.train.init_from = str(workdir)
+    tuned = runner.run_here(c, tmp_path / "tuned", quiet=True)
+    run = json.loads((tmp_path / "tuned" / "run.json").read_text())
+    assert run["init_from"]["param_sha256"] == final["param_sha256"]
+    first = lambda w: json.loads((w / "metrics.jsonl").read_text().splitlines()[0])["loss"]  # noqa: E731
+    assert first(tmp_path / "tuned") < 0.8 * first(workdir)
+    assert tuned["test_P@1"] > 0.5
+    c.model.hidden = 16
+    with pytest.raises(ConfigError, match=r"train.init_from=.*its parameters do not fit this config's model "
+                                          r"\(\['input'\]\['bias'\]: float32 \[32\] there, float32 \[16\] here\)"):
+        runner.run_here(c, tmp_path / "refused", quiet=True)
+    assert [p.name for p in (tmp_path / "refused").iterdir()] == [".lock"]  # no record of a refused run

@@ -58,7 +58,7 @@ def test_launch_writes_the_four_records(run_launch, tmp_path):
     assert all({"loss", "seconds", "examples_per_s", "epoch"} <= set(r) for r in rows)
     assert rows[-1]["loss"] < rows[0]["loss"]
     final = json.loads((workdir / "final.json").read_text())
-    assert len(final["param_sha256"]) == 64 and final["test_loss"] > 0 and final["wall_seconds"] > 0
+    assert len(final["param_sha256"]) == 64 and final["test_loss"] > 0 and final["wall_seconds"] > 0 < final["peak_rss_mb"]
 
 
 def test_finished_workdir_is_never_overwritten(run_launch, tmp_path):

@@ -14,6 +14,7 @@ so no per-point Python objects are ever built. Batches are fixed-shape dicts in 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import glob
 import hashlib
 import os
@@ -34,6 +35,38 @@ _CACHE_VERSION = 2            # bump when the parse result or the cache layout c
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
+class Share:
+    """The points of a split that this process holds when the processes of a run read it together.
+
+    owned: bool [points of the whole split]; row j of the process's XCData is its j-th owned point. Batches
+    are drawn over the whole split in every process; each process fills the rows it owns and leaves zeros in
+    the others', and hwrepro.harness.parallel.merge_over_processes gives every process the whole batch, bit
+    for bit the one-process batch.
+    """
+
+    owned: np.ndarray
+
+    @classmethod
+    def modulo(cls, index: int, count: int, num_points: int) -> Share:
+        """Process `index` of `count`: the points i with i % count == index."""
+        return cls(np.arange(num_points) % count == index)
+
+    @property
+    def num_points(self) -> int:
+        return len(self.owned)
+
+    @functools.cached_property
+    def local(self) -> np.ndarray:
+        """int64 [num_points]: each owned point's row here (-1 for another process's point)."""
+        return np.where(self.owned, np.cumsum(self.owned) - 1, -1)
+
+    def subset(self, rows: np.ndarray) -> tuple[np.ndarray, Share]:
+        """For the points `rows` of the whole split: (the local rows of those owned here, the subset's Share)."""
+        mine = self.owned[rows]
+        return self.local[rows[mine]], Share(mine)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
 class XCData:
     """One split of an extreme classification data set, features and labels in CSR form.
 
@@ -50,9 +83,11 @@ class XCData:
     num_features: int
     num_labels: int
     source: str
+    share: Share | None = None  # this process's part of a split read by several processes (else all of it)
 
     @property
     def num_points(self) -> int:
+        """The points held here (all of the split's, or this process's share of them)."""
         return len(self.feat_indptr) - 1
 
     def features_per_point(self) -> np.ndarray:
@@ -207,32 +242,34 @@ def _show(token: bytes) -> str:
     return repr(text if len(text) <= 40 else text[:37] + "...")
 
 
-def _parse_index(token: bytes, what: str, limit: int, limit_name: str, path: str, line_no: int) -> int:
+def _parse_index(token: bytes, what: str, limit: int, limit_name: str, path: str, line_no: int,
+                 limits_from: str = "from the header") -> int:
     if token.startswith(b"-") and token[1:].isdigit():
         raise DataError.at(path, line_no, f"negative {what} {_show(token)}")
     if not token.isdigit():
         raise DataError.at(path, line_no, f"bad {what} {_show(token)} (want a non-negative integer)")
     value = int(token)
     if value >= limit:
-        raise DataError.at(path, line_no, f"{what} {value} >= number of {limit_name} {limit} (from the header)")
+        raise DataError.at(path, line_no, f"{what} {value} >= number of {limit_name} {limit} ({limits_from})")
     return value
 
 
-def _parse_line(line: bytes, path: str, line_no: int, num_features: int,
-                num_labels: int) -> tuple[list[int], list[int], list[float]]:
+def _parse_line(line: bytes, path: str, line_no: int, num_features: int, num_labels: int,
+                limits_from: str = "from the header") -> tuple[list[int], list[int], list[float]]:
     """The reference parser for one line: (labels, feature indices, feature values); DataError naming the
     line and the first bad token otherwise."""
     tokens = line.split()
     labels: list[int] = []
     if tokens and b":" not in tokens[0]:
-        labels = [_parse_index(t, "label", num_labels, "labels", path, line_no) for t in tokens[0].split(b",")]
+        labels = [_parse_index(t, "label", num_labels, "labels", path, line_no, limits_from)
+                  for t in tokens[0].split(b",")]
         tokens = tokens[1:]
     idx, val = [], []
     for token in tokens:
         parts = token.split(b":")
         if len(parts) != 2 or not parts[0] or not parts[1]:
             raise DataError.at(path, line_no, f"bad feature token {_show(token)} (want index:value)")
-        idx.append(_parse_index(parts[0], "feature index", num_features, "features", path, line_no))
+        idx.append(_parse_index(parts[0], "feature index", num_features, "features", path, line_no, limits_from))
         text = parts[1].decode("ascii", errors="replace")
         if not _VALUE_RE.fullmatch(text):
             raise DataError.at(path, line_no, f"non-numeric feature value {_show(parts[1])}")
@@ -243,9 +280,11 @@ def _parse_line(line: bytes, path: str, line_no: int, num_features: int,
     return labels, idx, val
 
 
-def _parse_block_slow(block: bytes, path: str, first_line: int, num_features: int, num_labels: int) -> _Block:
+def _parse_block_slow(block: bytes, path: str, first_line: int, num_features: int, num_labels: int,
+                      limits_from: str = "from the header") -> _Block:
     lines = block.split(b"\n")[:-1]
-    parsed = [_parse_line(ln, path, first_line + i, num_features, num_labels) for i, ln in enumerate(lines)]
+    parsed = [_parse_line(ln, path, first_line + i, num_features, num_labels, limits_from)
+              for i, ln in enumerate(lines)]
     return _Block(
         label_counts=np.array([len(p[0]) for p in parsed], dtype=np.int64),
         labels=np.array([x for p in parsed for x in p[0]], dtype=np.int64),
@@ -264,14 +303,42 @@ def _parse_header(header: bytes, path: str) -> tuple[int, int, int]:
     return points, features, labels
 
 
-def _parse_file(path: str) -> XCData:
+def _is_header(line: bytes) -> bool:
+    fields = line.split()
+    return len(fields) == 3 and all(f.isdigit() for f in fields)
+
+
+def _block_rows(block: _Block, keep: np.ndarray) -> _Block:
+    """The lines `keep` (bool [lines]) of a parsed block."""
+    rows = np.flatnonzero(keep)
+    _, f_pos = _gather_rows(_csr(block.feat_counts), rows)
+    _, l_pos = _gather_rows(_csr(block.label_counts), rows)
+    return _Block(block.label_counts[rows], block.labels[l_pos], block.feat_counts[rows], block.feat_idx[f_pos],
+                  block.feat_val[f_pos])
+
+
+def _parse_file(path: str, model_dims: tuple[int, int] | None = None,
+                share: tuple[int, int] | None = None) -> XCData:
+    """The points of an XC file. With model_dims (num_features, num_labels of a trained model), the header is
+    optional (bare `[labels] f:v f:v` lines from line 1) and the ids are checked against the model's sizes.
+    With share (index, count), only the points i with i % count == index are kept, block by block, so the
+    whole file is never held at once (its every line is still parsed and checked)."""
+    limits_from = "from the header"
+    index, count = share or (0, 1)
     with open(path, "rb") as f:
         header = f.readline()
-        if not header.strip():
-            raise DataError.at(path, 1, "empty file" if not header else "missing header 'points features labels'")
-        num_points, num_features, num_labels = _parse_header(header, path)
+        if model_dims is None or _is_header(header):
+            if not header.strip():
+                raise DataError.at(path, 1, "empty file" if not header else "missing header 'points features labels'")
+            num_points, num_features, num_labels = _parse_header(header, path)
+            line_no = first_line = 2
+        else:
+            num_points, line_no, first_line = None, 1, 1
+            f.seek(0)
+        if model_dims is not None:
+            (num_features, num_labels), limits_from = model_dims, "the model's"
         blocks: list[_Block] = []
-        line_no = 2
+        filled: list[np.ndarray] = []  # global indices of the lines with content (for the count checks)
         rest = b""
         while True:
             chunk = f.read(_BLOCK_BYTES)
@@ -289,30 +356,34 @@ def _parse_file(path: str) -> XCData:
                     continue
             block = _parse_block_fast(chunk, num_features, num_labels)
             if block is None:
-                block = _parse_block_slow(chunk, path, line_no, num_features, num_labels)
-            blocks.append(block)
+                block = _parse_block_slow(chunk, path, line_no, num_features, num_labels, limits_from)
+            lines = np.arange(line_no - first_line, line_no - first_line + len(block.label_counts))
+            filled.append(lines[(block.label_counts + block.feat_counts) > 0][-1:])
+            if num_points is not None and np.any(late := (lines >= num_points) & (block.label_counts + block.feat_counts > 0)):
+                raise DataError.at(path, int(lines[late][0]) + first_line, f"more points than the {num_points} the header says")
+            keep = (lines % count == index) & (lines < (num_points if num_points is not None else np.inf))
+            blocks.append(block if keep.all() else _block_rows(block, keep))
             line_no += len(block.label_counts)
+    n_lines = line_no - first_line
+    if num_points is None:  # no header: every line is a point, but for blank lines at the end
+        last = np.concatenate(filled or [np.zeros(0, np.int64)])
+        num_points = int(last[-1]) + 1 if len(last) else 0
+    if n_lines < num_points:
+        raise DataError.at(path, n_lines + first_line, f"file ends after {n_lines} points, the header says {num_points}")
 
     def cat(name, dtype):
         return np.concatenate([getattr(b, name) for b in blocks] or [np.zeros(0)]).astype(dtype, copy=False)
 
-    label_counts, feat_counts = cat("label_counts", np.int64), cat("feat_counts", np.int64)
-    n_lines = len(label_counts)
-    if n_lines < num_points:
-        raise DataError.at(path, n_lines + 2, f"file ends after {n_lines} points, the header says {num_points}")
-    if n_lines > num_points:
-        extra = label_counts[num_points:] + feat_counts[num_points:]
-        if np.any(extra):                                  # trailing blank lines are tolerated
-            raise DataError.at(path, num_points + 2 + int(np.flatnonzero(extra)[0]),
-                               f"more points than the {num_points} the header says")
-        label_counts, feat_counts = label_counts[:num_points], feat_counts[:num_points]
+    mine = len(range(index, num_points, count))  # the points kept: trailing blank lines dropped
+    label_counts, feat_counts = cat("label_counts", np.int64)[:mine], cat("feat_counts", np.int64)[:mine]
     return XCData(
         feat_indptr=_csr(feat_counts),
         feat_indices=cat("feat_idx", np.int32)[:feat_counts.sum()],
         feat_values=cat("feat_val", np.float32)[:feat_counts.sum()],
         label_indptr=_csr(label_counts),
         label_indices=cat("labels", np.int32)[:label_counts.sum()],
-        num_features=num_features, num_labels=num_labels, source=path)
+        num_features=num_features, num_labels=num_labels, source=path,
+        share=Share.modulo(index, count, num_points) if share else None)
 
 
 # -------------------------------------------------------------------------------------------------- cache
@@ -368,17 +439,22 @@ def _save_cache(path: str, stamp: np.ndarray, data: XCData) -> None:
                 pass
 
 
-def read_xc(path: str | os.PathLike, use_cache: bool = True) -> XCData:
+def read_xc(path: str | os.PathLike, use_cache: bool = True, share: tuple[int, int] | None = None) -> XCData:
     """Reads an XC-format text file into CSR arrays; DataError (`path:line: problem`) on a malformed file.
 
     With use_cache, a binary copy `<file>.hwrepro.npz` is written beside the file and reused while the file's
-    size and content hash are those it was made from (a load instead of a parse). Lines that are blank after the header's count of points are ignored; any other surplus is an error.
+    size and content hash are those it was made from (a load instead of a parse). Lines that are blank after
+    the header's count of points are ignored; any other surplus is an error. With share (index, count), only
+    the points i with i % count == index are kept (`Share`), parsed block by block and never cached: process
+    `index` of a run over `count` processes holds its part of the file, not the whole of it.
     """
     path = os.fspath(path)
     try:
         st = os.stat(path)
     except OSError as e:
         raise DataError(f"{path}: cannot read ({e.strerror})") from None
+    if share is not None:
+        return _parse_file(path, share=share)
     if not use_cache:
         return _parse_file(path)
     stamp = _cache_stamp(path, st)
@@ -388,6 +464,19 @@ def read_xc(path: str | os.PathLike, use_cache: bool = True) -> XCData:
     data = _parse_file(path)
     _save_cache(path, stamp, data)
     return data
+
+
+def read_points(path: str | os.PathLike, num_features: int, num_labels: int) -> XCData:
+    """Points to predict for a trained model of num_features inputs and num_labels outputs: an XC file (its
+    labels optional) or bare feature lines `f:v f:v ...` without a header; DataError (`path:line: problem`) on
+    a malformed line or an id the model does not have. Not cached: files to predict are read once."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise DataError(f"{path}: no such file")
+    try:
+        return _parse_file(path, (num_features, num_labels))
+    except OSError as e:
+        raise DataError(f"{path}: cannot read ({e.strerror})") from None
 
 
 def write_xc(path: str | os.PathLike, data: XCData) -> None:
@@ -564,15 +653,23 @@ def synthetic(shape: str | XCShape = "amazon670k", num_train: int | None = None,
     return splits[0], splits[1]
 
 
+def share_of(data: XCData, index: int, count: int) -> XCData:
+    """Process `index` of `count`'s share of a split held whole (the points i with i % count == index)."""
+    return dataclasses.replace(data.take(np.arange(index, data.num_points, count)),
+                               share=Share.modulo(index, count, data.num_points))
+
+
 def load_splits(folder: str | os.PathLike | None, name: str, seed: int = 0, num_train: int | None = None,
-                num_test: int | None = None) -> tuple[XCData, XCData]:
+                num_test: int | None = None, share: tuple[int, int] | None = None) -> tuple[XCData, XCData]:
     """The real (train, test) of data set `name` (a SHAPES key) found under `folder` (find_split_files), or
     the synthetic stand-in of that shape when no folder is given; `source` of each split says which it is.
     A folder without the files is a DataError saying what was looked for and what is there, never a silent
     fallback; so is a test file whose header disagrees with the train file's. num_train/num_test only size
-    the synthetic stand-in."""
+    the synthetic stand-in. With share (index, count), each split is this process's share (`read_xc`); the
+    synthetic stand-in is drawn whole, then all but the share dropped."""
     if not folder:
-        return synthetic(name, num_train, num_test, seed)
+        splits = synthetic(name, num_train, num_test, seed)
+        return splits if share is None else (share_of(splits[0], *share), share_of(splits[1], *share))
     folder = os.fspath(folder)
     if not os.path.isdir(folder):
         raise DataError(f"data.dir={folder}: no such folder")
@@ -583,7 +680,7 @@ def load_splits(folder: str | os.PathLike | None, name: str, seed: int = 0, num_
         raise DataError(f"data.dir={folder}: no {name} train/test text files (looked for train.txt + test.txt "
                         f"or *_train.txt + *_test.txt, in the folder and in a sub-folder named like {name!r}); "
                         f"found: {shown}")
-    train, test = read_xc(files[0]), read_xc(files[1])
+    train, test = read_xc(files[0], share=share), read_xc(files[1], share=share)
     if (test.num_features, test.num_labels) != (train.num_features, train.num_labels):
         raise DataError(f"{files[1]}:1: header gives {test.num_features} features and {test.num_labels} labels, "
                         f"but {files[0]} gives {train.num_features} and {train.num_labels}")
@@ -619,11 +716,16 @@ class XCBatcher:
 
     A point with more than max_features features keeps its max_features largest-valued ones (the rows that
     need it are re-ordered once, here, not per batch); a point with more than max_labels labels keeps the first
-    max_labels in file order. `truncation` counts both, for the run log.
+    max_labels in file order. `truncation` counts both, for the run log (of the points held here).
+
+    Of a process's share of a split (data.share), batches are still of the whole split's points, the same in
+    every process: each process fills the rows it holds and the others' arrive through
+    hwrepro.harness.parallel.merge_over_processes (a collective: every process draws the same batches).
     """
 
     def __init__(self, data: XCData, max_features: int, max_labels: int):
         self.data = data
+        self.num_points = data.share.num_points if data.share is not None else data.num_points
         self.max_features = max_features
         self.max_labels = max_labels
         n_feat, n_lab = data.features_per_point(), data.labels_per_point()
@@ -648,8 +750,22 @@ class XCBatcher:
 
     def batch(self, rows: np.ndarray) -> dict[str, np.ndarray]:
         """The batch of points `rows` (int [B]): feat_ids/feat_vals [B, max_features], labels [B, max_labels]."""
-        d = self.data
         rows = np.asarray(rows, dtype=np.int64)
+        share = self.data.share
+        if share is None:
+            return self._rows(rows)
+        from hwrepro.harness.parallel import merge_over_processes
+
+        mine = share.owned[rows]
+        part = self._rows(share.local[rows[mine]])
+        filled = {k: np.zeros((len(rows),) + v.shape[1:], v.dtype) for k, v in part.items()}
+        for k, v in part.items():
+            filled[k][mine] = v
+        return merge_over_processes(filled)
+
+    def _rows(self, rows: np.ndarray) -> dict[str, np.ndarray]:
+        """`batch` of rows held here."""
+        d = self.data
         return {
             "feat_ids": _pad_rows(d.feat_indptr, self._feat_indices, rows, self.max_features,
                                   d.num_features).astype(np.int32),
@@ -659,7 +775,7 @@ class XCBatcher:
         }
 
     def steps_per_epoch(self, batch_size: int, drop_remainder: bool = True) -> int:
-        n = self.data.num_points
+        n = self.num_points
         return n // batch_size if drop_remainder else -(-n // batch_size)
 
     def epoch(self, batch_size: int, seed: int, epoch: int = 0, shuffle: bool = True,
@@ -668,7 +784,7 @@ class XCBatcher:
         batch, whose points differ from epoch to epoch). The order is a permutation drawn from (seed, epoch),
         so epoch e is the same whether or not epochs 0..e-1 were run. Without drop_remainder the last batch is
         smaller (a second jit compilation; for evaluation use `ordered`, which pads instead)."""
-        n = self.data.num_points
+        n = self.num_points
         order = np.random.default_rng([seed, epoch]).permutation(n) if shuffle else np.arange(n)
         for i in range(self.steps_per_epoch(batch_size, drop_remainder)):
             yield self.batch(order[i * batch_size:(i + 1) * batch_size])
@@ -677,7 +793,7 @@ class XCBatcher:
                shuffle: bool = True) -> Iterator[dict[str, np.ndarray]]:
         """Endless training batches, epoch after epoch, each with a fresh permutation (drop_remainder)."""
         if self.steps_per_epoch(batch_size) == 0:
-            raise ValueError(f"batch size {batch_size} exceeds the {self.data.num_points} points of {self.data.source}")
+            raise ValueError(f"batch size {batch_size} exceeds the {self.num_points} points of {self.data.source}")
         epoch = start_epoch
         while True:
             yield from self.epoch(batch_size, seed, epoch, shuffle)
@@ -687,7 +803,7 @@ class XCBatcher:
         """All points in order, for final evaluation: fixed-shape batches with `mask` bool [B] added; the
         last batch is padded with empty rows (all padding ids, mask False), so no point is dropped or
         counted twice."""
-        n = self.data.num_points
+        n = self.num_points
         for start in range(0, n, batch_size):
             yield pad_batch(self.batch(np.arange(start, min(start + batch_size, n))), batch_size,
                             self.data.num_features, self.data.num_labels)
@@ -717,9 +833,14 @@ def fixed_subset(data: XCData, n: int, seed: int) -> XCData:
     SLIDE's code evaluated on the first test lines of a label-sorted file (a biased sample) and crashed when
     asked for more points than the file has; here the subset is uniform and clamps to the whole split.
     """
-    m = min(n, data.num_points)
-    rows = np.random.default_rng(seed).permutation(data.num_points)[:m]
-    return data.take(rows, source=f"{data.source}, random subset of {m} (seed {seed})")
+    total = data.share.num_points if data.share is not None else data.num_points
+    m = min(n, total)
+    rows = np.random.default_rng(seed).permutation(total)[:m]
+    source = f"{data.source}, random subset of {m} (seed {seed})"
+    if data.share is None:
+        return data.take(rows, source=source)
+    local, share = data.share.subset(rows)  # a share's subset: this process's points of the same subset
+    return dataclasses.replace(data.take(local, source=source), share=share)
 
 
 # ------------------------------------------------------------------------------------- what training reads
@@ -749,29 +870,34 @@ def label_data(train: XCData, test: XCData, config: Any) -> LabelData:
     d = config.data
     batcher = XCBatcher(train, d.max_features, d.max_labels)
     if batcher.steps_per_epoch(config.train.batch_size) == 0:
-        raise ConfigError(f"train.batch_size={config.train.batch_size} exceeds the {train.num_points} training "
+        raise ConfigError(f"train.batch_size={config.train.batch_size} exceeds the {batcher.num_points} training "
                           f"points of {train.source}")
     final = test if not config.eval.final_points else fixed_subset(test, config.eval.final_points, d.seed)
+    final_batcher = XCBatcher(final, d.max_features, d.max_labels)
     subset = XCBatcher(fixed_subset(test, config.eval.subset, d.seed), d.max_features, d.max_labels)
     source = train.source if "synthetic" in train.source else f"{train.source} + {test.source}"
-    details = {"num_train": train.num_points, "num_test": test.num_points, "num_final_eval": final.num_points,
+    num_test = test.share.num_points if test.share is not None else test.num_points
+    details = {"num_train": batcher.num_points, "num_test": num_test, "num_final_eval": final_batcher.num_points,
                "num_features": train.num_features, "num_labels": train.num_labels,
                "truncation_train": vars(batcher.truncation),
                "features_per_point": float(train.features_per_point().mean()),
                "labels_per_point": float(train.labels_per_point().mean())}
+    if train.share is not None:  # the statistics above are of this process's points
+        details["points_held"] = {"train": train.num_points, "test": test.num_points}
     return LabelData(source=source, num_features=train.num_features, num_labels=train.num_labels,
-                     num_train=train.num_points, steps_per_epoch=batcher.steps_per_epoch(config.train.batch_size),
-                     subset=subset, test=XCBatcher(final, d.max_features, d.max_labels), num_test=final.num_points,
-                     details=details,
+                     num_train=batcher.num_points, steps_per_epoch=batcher.steps_per_epoch(config.train.batch_size),
+                     subset=subset, test=final_batcher, num_test=final_batcher.num_points, details=details,
                      train_batches=lambda: batcher.epochs(config.train.batch_size, seed=config.seed))
 
 
 def _register_shape(name: str) -> None:
     @register(name, kind="labels")
     def load(config: Any) -> LabelData:
-        d = config.data
+        from hwrepro.harness.parallel import place
+
+        d, where = config.data, place()  # a run over several processes: each reads its share of the points
         train, test = load_splits(d.dir if d.source == "auto" else None, name, seed=d.seed, num_train=d.num_train or None,
-                                  num_test=d.num_test or None)
+                                  num_test=d.num_test or None, share=where and (where.index, where.count))
         return label_data(train, test, config)
 
 

@@ -8,13 +8,14 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 import optax
 from flax.training import train_state
 
 from hwrepro import data
 from hwrepro.data import mnist
 from hwrepro.errors import ConfigError
-from hwrepro.harness import numerics
+from hwrepro.harness import numerics, trained
 from hwrepro.harness.loop import fit, snapshotter
 from hwrepro.harness.records import Run
 from hwrepro.models import MODELS, reconstruction_loss
@@ -63,6 +64,15 @@ def _train_step(state: train_state.TrainState, x: jax.Array):
 train_step = jax.jit(_train_step, donate_argnums=0)
 
 
+def make_predict(config: ml_collections.ConfigDict, params: Any):
+    """A trained model's prediction (hwrepro.load): images float [B, 784] in [0, 1] -> reconstructions float32
+    [B, 784] in (0, 1) (the sigmoid of the decoder's logits), as NumPy."""
+    model = make_model(config)
+    params = jax.tree_util.tree_map(jnp.asarray, params)
+    reconstruct = jax.jit(lambda x: jax.nn.sigmoid(model.apply({"params": params}, x).astype(jnp.float32)))
+    return lambda images: np.asarray(reconstruct(jnp.asarray(images, jnp.float32).reshape(len(images), -1)))
+
+
 def run(config: ml_collections.ConfigDict, rec: Run):
     splits = data.load(config, "images")
     rec.note_data(splits.source, num_train=len(splits.train_images), num_test=len(splits.test_images))
@@ -73,6 +83,7 @@ def run(config: ml_collections.ConfigDict, rec: Run):
     num_steps = config.train.num_steps or config.train.num_epochs * steps_per_epoch
     init_key, order_seed = jax.random.split(jax.random.key(config.seed))
     state = create_state(config, init_key)
+    state = state.replace(params=trained.start_from(config, state.params, rec))
     test_x = jnp.asarray(splits.test_images.reshape(len(splits.test_images), -1), jnp.float32) / 255.0
     batches = mnist.batches(splits.train_images, config.train.batch_size,
                             seed=int(jax.random.randint(order_seed, (), 0, 2**31 - 1)))

@@ -22,7 +22,7 @@ import optax
 from flax.training import train_state
 
 from hwrepro import data
-from hwrepro.harness import numerics
+from hwrepro.harness import numerics, trained
 from hwrepro.data import video
 from hwrepro.errors import ConfigError
 from hwrepro.models import MODELS
@@ -213,6 +213,15 @@ def save_strip(path: Any, true: np.ndarray, predicted: np.ndarray, title: str) -
     fig.savefig(path, dpi=100)
 
 
+def make_predict(config: ml_collections.ConfigDict, params: Any):
+    """A trained model's prediction (hwrepro.load): frames float [B, T, H, W, C] in [0, 1] -> next-frame
+    predictions float32 [B, T, H, W, C] (prediction t is made from frames before t), as NumPy."""
+    model = make_model(config, output_mode="prediction", unroll=1)
+    params = jax.tree_util.tree_map(jnp.asarray, params)
+    forward = jax.jit(lambda frames: model.apply({"params": params}, frames).astype(jnp.float32))
+    return lambda frames: np.asarray(forward(jnp.asarray(frames, jnp.float32)))
+
+
 def run(config: ml_collections.ConfigDict, rec: Run) -> tuple[dict[str, Any], Any]:
     """Trains and evaluates PredNet as the config says; returns (final metrics, parameters)."""
     d, t = config.data, config.train
@@ -227,6 +236,7 @@ def run(config: ml_collections.ConfigDict, rec: Run) -> tuple[dict[str, Any], An
     num_steps = t.num_steps or t.num_epochs * steps_per_epoch
     init_key, order_key = jax.random.split(jax.random.key(config.seed))
     state = create_state(config, init_key, num_steps)
+    state = state.replace(params=trained.start_from(config, state.params, rec))
     rec.note("param_count", param_count(state.params))
     layer_weights = jnp.asarray(layer_loss_weights(config.model.layer_loss_weights, len(config.model.stack_sizes)))
     time_weights = jnp.asarray(time_loss_weights(d.nt))

@@ -8,6 +8,7 @@ at the end (dense scoring, plus LSH scoring for the lsh method).
 
 from __future__ import annotations
 
+import os
 import time
 import types
 from typing import Any, Callable
@@ -18,8 +19,9 @@ import numpy as np
 
 from hwrepro import data as hwdata
 from hwrepro import sparse
+from hwrepro.data import xc
 from hwrepro.errors import ConfigError
-from hwrepro.harness import numerics, parallel
+from hwrepro.harness import numerics, parallel, trained
 from hwrepro.harness.loop import fit, snapshotter
 from hwrepro.harness.progress import Progress
 from hwrepro.harness.records import Run
@@ -118,6 +120,26 @@ def lsh_spec(config: ml_collections.ConfigDict, group: str = "lsh") -> sparse.Ls
 # ------------------------------------------------------------------------------------------------ evaluation
 
 
+class Precision:
+    """P@1, P@3, P@5 summed over batches, as the run's evaluation and `predict_file` count them: the mean over
+    the points that have labels (padding rows and unlabelled points left out)."""
+
+    def __init__(self, num_labels: int):
+        self.num_labels, self.hits, self.count = num_labels, {k: 0.0 for k in KS}, 0
+
+    def add(self, ids: Any, labels: np.ndarray) -> np.ndarray:
+        """Counts a batch: ids int32 [B, >= 5] best first, labels int32 [B, Lmax] (num_labels = padding);
+        returns which rows have labels."""
+        labelled = np.any(labels < self.num_labels, axis=1)
+        for name, p in sparse.precision_at_k(ids, labels, KS, self.num_labels).items():
+            self.hits[int(name[2:])] += float(p) * int(labelled.sum())
+        self.count += int(labelled.sum())
+        return labelled
+
+    def result(self) -> dict[str, float]:
+        return {f"P@{k}": self.hits[k] / max(self.count, 1) for k in KS}
+
+
 def evaluate(predict: Callable, eval_set, batch_size: int, num_labels: int,
              progress: Progress | None = None) -> dict[str, float]:
     """P@1, P@3, P@5 over every labelled point of `eval_set` (padding rows, mask False, are left out).
@@ -125,28 +147,42 @@ def evaluate(predict: Callable, eval_set, batch_size: int, num_labels: int,
     predict(batch) -> (top-k ids int32 [B, k >= 5], labels scored per point int32 [B] or None); with the
     counts, also "share_scored": the mean share of all labels scored per point. `progress` (counting
     batches) is for the final evaluation, minutes long at Amazon-670K scale."""
-    hits = {k: 0.0 for k in KS}
-    count, scored = 0, 0.0
+    precision, scored = Precision(num_labels), 0.0
     for i, batch in enumerate(eval_set.ordered(batch_size), 1):
         del batch["mask"]  # padding rows have no labels: precision_at_k leaves them out
         ids, counts = predict(batch)
-        labelled = np.any(batch["labels"] < num_labels, axis=1)
-        for name, p in sparse.precision_at_k(ids, batch["labels"], KS, num_labels).items():
-            hits[int(name[2:])] += float(p) * int(labelled.sum())
-        count += int(labelled.sum())
+        labelled = precision.add(ids, batch["labels"])
         if counts is not None:
             scored += float(np.sum(np.asarray(counts)[labelled]))
         if progress is not None:
             progress.update(i, force=i == progress.total)
-    out = {f"P@{k}": hits[k] / max(count, 1) for k in KS}
-    return out if scored == 0 else dict(out, share_scored=scored / max(count, 1) / num_labels)
+    out = precision.result()
+    return out if scored == 0 else dict(out, share_scored=scored / max(precision.count, 1) / num_labels)
+
+
+def _features(batch: dict[str, Any]) -> dict[str, Any]:
+    """What scoring reads of a batch (a jitted scorer compiles once whatever else the batch carries)."""
+    return {"feat_ids": batch["feat_ids"], "feat_vals": batch["feat_vals"]}
+
+
+def lsh_scorer(config: ml_collections.ConfigDict, params: sparse.Params, k: int, dtype: Any) -> Callable:
+    """LSH-scored top-k over inference tables built once from trained parameters (the modules' view, on this
+    process's device) as config.eval.lsh says, with the config's seed: batch -> (scores [B, k], ids [B, k],
+    labels scored [B]), ids -1 where fewer than k labels were retrieved. The same tables for the run's final
+    evaluation and for a model loaded later."""
+    e, out = config.eval.lsh, params["output"]
+    hash_fn, tables = sparse.inference_tables(out["weight"], out["bias"], lsh_spec(config, "eval.lsh"),
+                                              jax.random.key(config.seed))
+    options = dict(bucket_capacity=e.bucket_capacity, dtype=dtype, probe_bits=e.probe_bits, inner_product=True,
+                   max_scored=e.max_scored)
+    return lambda batch: sparse.topk_lsh_scored(params, hash_fn, tables, _features(batch), k, **options)
 
 
 def predictor(config: ml_collections.ConfigDict, state: sparse.SlideState, use_lsh: bool, dtype: Any,
               ops: Any = ONE_DEVICE) -> Callable:
     """`evaluate`'s predict: dense scoring of every label, or LSH-scored as config.eval.lsh says (for
-    "inference" tables, built here from the trained weights, once). `ops`: ONE_DEVICE, or its mesh version
-    (hwrepro.sparse.sharded.on_mesh: batches placed on the mesh, results read back)."""
+    "inference" tables, `lsh_scorer`). `ops`: ONE_DEVICE, or its mesh version (hwrepro.sparse.sharded.on_mesh:
+    batches placed on the mesh, results read back)."""
     k, e = max(KS), config.eval.lsh
     if not use_lsh:
         return lambda batch: (ops.to_host(ops.topk(state.params, ops.put_batch(batch), k, dtype=dtype)), None)
@@ -154,17 +190,67 @@ def predictor(config: ml_collections.ConfigDict, state: sparse.SlideState, use_l
         return lambda batch: (ops.to_host(ops.topk_lsh(state.params, state.hash_fn, state.tables,
                                                        ops.put_batch(batch), k, bucket_capacity=e.bucket_capacity,
                                                        dtype=dtype)), None)
-    params, hash_fn, tables = state.params, state.hash_fn, state.tables
     if e.tables == "inference":
-        params = ops.model_params(params)
+        params = ops.model_params(state.params)
         if ops is not ONE_DEVICE:  # the mesh's shards, gathered to the host: onto this process's device, once
             params = jax.tree_util.tree_map(jax.numpy.asarray, params)
-        out = params["output"]
-        hash_fn, tables = sparse.inference_tables(out["weight"], out["bias"], lsh_spec(config, "eval.lsh"),
-                                                  jax.random.key(config.seed))
-    options = dict(bucket_capacity=e.bucket_capacity, dtype=dtype, probe_bits=e.probe_bits,
-                   inner_product=e.tables == "inference", max_scored=e.max_scored)
-    return lambda batch: sparse.topk_lsh_counted(params, hash_fn, tables, batch, k, **options)
+        score = lsh_scorer(config, params, k, dtype)
+    else:
+        options = dict(bucket_capacity=e.bucket_capacity, dtype=dtype, probe_bits=e.probe_bits, max_scored=e.max_scored)
+        score = lambda batch: sparse.topk_lsh_scored(state.params, state.hash_fn, state.tables, batch, k, **options)
+    return lambda batch: score(batch)[1:]
+
+
+# ------------------------------------------------------------------------------------------- a kept model
+
+
+def make_predict(config: ml_collections.ConfigDict, params: sparse.Params, *, k: int = 5,
+                 lsh: bool = False) -> Callable:
+    """A trained model's prediction (hwrepro.load): batch {"feat_ids" int32 [B, F] padded with num_features,
+    "feat_vals" float32 [B, F]} -> (scores float32 [B, k], label ids int32 [B, k]) as NumPy, best first.
+    Dense-scored (every label), or with `lsh` LSH-scored through inference tables built here once (eval.lsh's
+    settings, the config's seed: the run's own final LSH-scored evaluation); ids -1 (score -inf) where
+    fewer than k labels were retrieved."""
+    dtype = numerics.jnp_dtype(config.numerics.precision)
+    params = jax.tree_util.tree_map(jax.numpy.asarray, params)
+    if lsh:
+        score = lsh_scorer(config, params, k, dtype)
+        return lambda batch: tuple(np.asarray(x) for x in score(batch)[:2])
+    return lambda batch: tuple(np.asarray(x) for x in sparse.topk_scored(params, _features(batch), k, dtype=dtype))
+
+
+def predict_file(model: Any, path: str, output: str, *, k: int = 5, lsh: bool = False) -> dict[str, Any]:
+    """Scores every point of `path` (an XC file, labels optional, or bare `f:v` lines: xc.read_points) with a
+    kept model (hwrepro.harness.trained.Trained) and writes `output`: one line a point, `id:score` of its k
+    best labels, best first. Returns the points, seconds, points/s and, when the file has labels, P@1/3/5
+    (`Precision`, as the run's evaluation counts them). `output` is written under a temporary name and
+    renamed into place when complete."""
+    c, p = model.config, model.params
+    points = xc.read_points(path, p["input"]["embedding"].shape[0], p["output"]["weight"].shape[0])
+    batcher = xc.XCBatcher(points, c.data.max_features, c.data.max_labels)
+    predict = model.predictor(k=max(k, *KS), lsh=lsh)
+    num_batches = -(-points.num_points // c.eval.batch_size)
+    progress = Progress(num_batches, f"predict {os.path.basename(path)}" + (" (LSH-scored)" if lsh else ""),
+                        unit="batch", units="batches")
+    precision = Precision(points.num_labels)
+    tmp = f"{output}.tmp{os.getpid()}"
+    t = time.time()
+    try:
+        with open(tmp, "w") as out:
+            for i, batch in enumerate(batcher.ordered(c.eval.batch_size), 1):
+                rows = int(batch.pop("mask").sum())
+                scores, ids = predict(batch)
+                precision.add(ids, batch["labels"])
+                out.writelines(" ".join(f"{j}:{v:.6g}" for j, v in zip(row_ids[:k], row_scores[:k]) if j >= 0)
+                               + "\n" for row_ids, row_scores in zip(ids[:rows].tolist(), scores[:rows].tolist()))
+                progress.update(i, force=i == num_batches)
+        os.replace(tmp, output)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    seconds = time.time() - t
+    result = {"points": points.num_points, "seconds": seconds, "points_per_s": points.num_points / max(seconds, 1e-9)}
+    return dict(result, **precision.result()) if precision.count else result
 
 
 # ------------------------------------------------------------------------------------------------------ run
@@ -198,8 +284,14 @@ def run(config: ml_collections.ConfigDict, rec: Run):
         own = labels + config.lsh.num_tables * m.bucket_capacity  # an example's own ids: labels and retrieved
         per_step = sparse.changed_rows_per_step(m.candidate_mode, m.num_candidates, config.train.batch_size, own)
         layout = dict(table_capacity=m.bucket_capacity, pending_rows=config.lsh.update_every * per_step)
+    param_dtype = numerics.jnp_dtype(config.numerics.param_dtype)
+    initial = None  # fine-tuning: a finished run's parameters, checked against this run's shapes
+    if config.train.init_from:
+        fresh = jax.eval_shape(lambda k: sparse.init_params(k, data.num_features, data.num_labels, m.hidden,
+                                                            param_dtype), init_key)
+        initial = trained.start_from(config, fresh, rec)
     state = ops.init_state(init_key, data.num_features, data.num_labels, m.hidden, method=m.method,
-                             param_dtype=numerics.jnp_dtype(config.numerics.param_dtype), lsh_spec=spec, **layout)
+                           param_dtype=param_dtype, lsh_spec=spec, params=initial, **layout)
     step_fn = ops.make_train_step(m.method, learning_rate=config.train.learning_rate,
                                     num_candidates=m.num_candidates, candidate_mode=m.candidate_mode,
                                     bucket_capacity=m.bucket_capacity, min_count=m.min_count, sampler=m.sampler,

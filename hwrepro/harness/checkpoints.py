@@ -8,6 +8,10 @@ all the position a resumed run needs; it then ends with the bits of an uninterru
 Saving is asynchronous: the state's leaves are copied to host memory (the training step donates, and so
 reuses, the device buffers), then orbax writes them in a background thread while training goes on. Only
 complete checkpoints count (orbax renames a finished step folder into place), and the last `keep` stay.
+
+A run over several processes (jax.distributed) checkpoints the same way, every process at the same steps
+into the one folder (workdir/checkpoints): a leaf split over processes is copied on its devices instead, and
+orbax writes each process's shards and restores them onto the same sharding; process 0 writes the rest.
 """
 
 from __future__ import annotations
@@ -43,9 +47,9 @@ class Checkpoints:
     def save(self, step: int, state: Any, host: dict[str, Any]) -> None:
         """Starts saving `state` (a pytree) and `host` (JSON-able) as checkpoint `step`; returns once the
         leaves are copied. Refuses (RunFailed) a state with a non-finite parameter: never keep a broken one."""
-        leaves = [np.array(leaf, copy=True) for leaf in jax.tree_util.tree_leaves(state)]
+        leaves = [_copy(leaf) for leaf in jax.tree_util.tree_leaves(state)]
         for leaf in leaves:
-            if np.issubdtype(leaf.dtype, np.floating) and not np.all(np.isfinite(leaf)):
+            if np.issubdtype(leaf.dtype, np.floating) and not _finite(leaf):
                 raise RunFailed(f"a non-finite value in the training state at step {step}; not checkpointed")
         self._manager.wait_until_finished()  # one write at a time: the previous one must be complete first
         args = self._ocp.args.Composite(state=self._ocp.args.PyTreeSave({str(i): x for i, x in enumerate(leaves)}),
@@ -62,7 +66,8 @@ class Checkpoints:
         training state since it was written): orbax would refuse a different count with a long message, and
         silently restore an array of another shape."""
         leaves, treedef = jax.tree_util.tree_flatten(like)
-        target = {str(i): jax.ShapeDtypeStruct(np.shape(x), _dtype(x)) for i, x in enumerate(leaves)}
+        target = {str(i): jax.ShapeDtypeStruct(np.shape(x), _dtype(x), sharding=x.sharding if _split(x) else None)
+                  for i, x in enumerate(leaves)}
         saved = {k: (tuple(m.shape), np.dtype(m.dtype)) for k, m in self._manager.item_metadata(step)["state"].items()}
         if (wanted := {k: (t.shape, np.dtype(t.dtype)) for k, t in target.items()}) != saved:
             raise WorkdirTaken(f"checkpoint {self.folder / str(step)} does not fit this run's training state "
@@ -72,7 +77,8 @@ class Checkpoints:
         out = self._manager.restore(step, args=self._ocp.args.Composite(
             state=self._ocp.args.PyTreeRestore(item=target, restore_args=restore_args),
             host=self._ocp.args.JsonRestore()))
-        restored = [jax.device_put(np.asarray(out.state[str(i)]), getattr(x, "sharding", None))
+        restored = [out.state[str(i)] if _split(x) else jax.device_put(np.asarray(out.state[str(i)]),
+                                                                         getattr(x, "sharding", None))
                     for i, x in enumerate(leaves)]
         return jax.tree_util.tree_unflatten(treedef, restored), dict(out.host)
 
@@ -84,6 +90,23 @@ class Checkpoints:
             raise RunFailed(f"cannot write a checkpoint under {self.folder}: {e.strerror or e}") from None
         finally:
             self._manager.close()
+
+
+def _split(x: Any) -> bool:
+    """Whether x is an array held in parts by several processes (not all of it readable here)."""
+    return isinstance(x, jax.Array) and not x.is_fully_addressable
+
+
+def _copy(leaf: Any) -> Any:
+    """A copy of a state leaf that the next (donating) step cannot overwrite: in host memory, or for a leaf
+    split over processes, on its own devices (orbax then copies each process's shards to host)."""
+    return jax.numpy.copy(leaf) if _split(leaf) else np.array(leaf, copy=True)
+
+
+def _finite(leaf: Any) -> bool:
+    if _split(leaf):  # every process computes the same replicated answer
+        return bool(np.asarray(jax.jit(lambda x: jax.numpy.all(jax.numpy.isfinite(x)))(leaf).addressable_data(0)))
+    return bool(np.all(np.isfinite(leaf)))
 
 
 def _mismatch(saved: dict[str, tuple], wanted: dict[str, tuple]) -> str:

@@ -70,6 +70,11 @@ def base_config(experiment: str) -> ml_collections.ConfigDict:
     c.train.checkpoint_every = 0  # steps between checkpoints of the whole training state (resume); 0 = none
     c.train.checkpoint_keep = 2   # checkpoints kept (the latest ones)
     c.train.hessian_iters = 0     # > 0: Lanczos iterations for Hessian extreme eigenvalues at checkpoints
+    c.train.keep_model = True     # the finished run keeps its parameters in model/ (hwrepro.load, --predict)
+    c.train.init_from = ""        # a finished run's workdir: start from its parameters (fine-tuning)
+
+    c.log = ml_collections.ConfigDict()
+    c.log.tensorboard = False     # also write metrics.jsonl's lines as TensorBoard events in workdir/tb/
     return c
 
 

@@ -45,6 +45,48 @@ def launch(config: ml_collections.ConfigDict, workdir: str | None = None, shard:
     return runner.EXIT_DONE
 
 
+def predict(workdir: str, path: str, output: str, k: int = 5, lsh: bool = False, overwrite: bool = False,
+            argv: list[str] | None = None) -> int:
+    """`launch.py --workdir=W --predict=FILE --output=OUT`: scores FILE's points with the model W kept
+    (hwrepro.harness.trained) through its experiment's `predict_file`, under the numerics it was trained
+    with, and prints what it measured (P@k when FILE has labels); returns the exit code. Bad input (no usable
+    model, a malformed FILE, an OUT that exists without `overwrite`) raises before OUT is touched. `argv`: the
+    command line, run again in a child process when the numerics' allocator settings must be there from the
+    start (as a run's are)."""
+    from hwrepro.errors import DataError, ModelError
+    from hwrepro.harness import records
+
+    if k <= 0:
+        raise ConfigError(f"--k={k} must be positive")
+    if Path(output).exists() and not overwrite:
+        raise DataError(f"--output={output} exists; choose another path or add --overwrite")
+    if not Path(output).absolute().parent.is_dir():
+        raise DataError(f"--output={output}: no folder {Path(output).absolute().parent}")
+    if "jax" not in sys.modules and (Path(workdir) / records.CONFIG_FILE).is_file():
+        n = records.read_json(Path(workdir) / records.CONFIG_FILE)["numerics"]
+        if argv and numerics.needs_fresh_process(n):
+            import subprocess
+
+            return subprocess.call([sys.executable, *argv], env=numerics.startup_environment(n, os.environ))
+        numerics.apply_before_jax(n)
+    from absl import logging
+
+    from hwrepro import experiments
+    from hwrepro.harness import trained
+
+    logging.set_verbosity(logging.WARNING)  # app.run's default shows orbax's INFO lines about reading the model
+    model = trained.load(workdir)
+    module = experiments.get(model.config.experiment)
+    if not hasattr(module, "predict_file"):
+        raise ModelError(f"--predict reads files for experiments with a predict_file (SLIDE's); "
+                         f"{model.config.experiment!r} models predict from Python: hwrepro.load({workdir!r}).predict")
+    result = module.predict_file(model, path, output, k=k, lsh=lsh)
+    shown = " ".join(f"{name} {value:.4f}" for name, value in result.items() if name.startswith("P@"))
+    print(f"predicted {result['points']:,} points in {result['seconds']:.1f} s ({result['points_per_s']:,.0f} "
+          f"points/s, {'LSH' if lsh else 'dense'}-scored) -> {output}" + (f"; {shown}" if shown else ""))
+    return runner.EXIT_DONE
+
+
 def _exit_code(code: int) -> int:
     """A child's exit code as the launcher's, saying how to resume when the child was killed."""
     if code < 0:

@@ -7,6 +7,7 @@ between, so JAX's asynchronous dispatch keeps the host ahead of the computation.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import time
@@ -14,12 +15,14 @@ from typing import Any, Callable, Iterator
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from hwrepro.errors import RunFailed
-from hwrepro.harness import interrupts
+from hwrepro.harness import interrupts, parallel
 from hwrepro.harness.checkpoints import Checkpoints
 from hwrepro.harness.progress import Progress
 from hwrepro.harness.records import CHECKPOINT_DIR, Run
+from hwrepro.harness.timing import activity_seconds, loop_fields, timed
 
 
 def _add(acc, metrics):
@@ -51,7 +54,8 @@ def fit(state: Any,
 
     Every `log_every` steps (and at the last step) writes one metrics.jsonl line: step, epoch, the mean of
     each step metric since the previous line, examples/s over that window, and `train_seconds`, the time
-    spent in this loop outside evaluation and checkpoints (the x axis of time-to-accuracy plots).
+    spent in this loop outside evaluation and checkpoints (the x axis of time-to-accuracy plots), and the
+    running totals of compilation, table upkeep, evaluation and checkpoint time (hwrepro.harness.timing).
     `eval_fn(state) -> dict` runs every `eval_every` steps (0: only at the end) and its values join that line
     (prefixed `eval_`).
     `after_step(step, state) -> state` is for host-side schedules (e.g. SLIDE's table rebuilds).
@@ -59,7 +63,7 @@ def fit(state: Any,
     snapshot_every > 0); it forces a metrics line and its values join it (see `snapshotter`).
 
     Resuming: with `checkpoint_every` > 0 the whole state is checkpointed every that many steps (forcing a
-    metrics line) into rec.workdir/checkpoints (the last `checkpoint_keep` kept), with `host`, a dict of the
+    metrics line) into the run's workdir/checkpoints (process 0's workdir in a run over several processes) (the last `checkpoint_keep` kept), with `host`, a dict of the
     experiment's own JSON-able counters. When that folder holds a checkpoint, the loop starts from it: state
     and `host` restored (in place), records after its step dropped, the batches before it skipped, so
     `batches` must be the same sequence from step 1 (it is a function of the seed in every experiment).
@@ -71,40 +75,43 @@ def fit(state: Any,
     metrics line and a checkpoint (if checkpointing) and raises Interrupted.
     """
     host = {} if host is None else host
-    train_seconds, start = 0.0, 0
-    if checkpoint_every and jax.process_count() > 1:
-        rec.print("checkpoints: not taken in a run over several processes (each would have to save and stop at "
-                  "the same step); train.checkpoint_every is ignored")
-        checkpoint_every = 0
-    ckpt = Checkpoints(rec.workdir / CHECKPOINT_DIR, checkpoint_keep) if checkpoint_every else None
+    train_seconds, start, spent = 0.0, 0, {}
+    several = jax.process_count() > 1  # every process must save, and stop, at the same steps
+    folder = parallel.run_workdir(rec.workdir) / CHECKPOINT_DIR  # one for all the processes of a run
+    ckpt = Checkpoints(folder, checkpoint_keep) if checkpoint_every else None
     if ckpt is not None and (start := ckpt.latest_step() or 0):
         try:
             state, saved = ckpt.restore(start, state)
         except BaseException:
             ckpt.close()
             raise
-        train_seconds = saved["train_seconds"]
+        train_seconds, spent = saved["train_seconds"], saved.get("spent", {})
         host.update(saved["experiment"])
         rec.rewind(start)
         rec.note("resumed_from_step", start)
         rec.print(f"resuming from the checkpoint at step {start} of {num_steps}")
         batches = itertools.islice(batches, start, None)
-    progress = Progress(num_steps, label or rec.info.get("name") or "train", start=start)
+    progress = Progress(num_steps, label or rec.info.get("name") or "train")
     window_start, window_steps, acc = time.time(), 0, None
 
     def save(step: int, state: Any) -> None:
-        ckpt.save(step, state, {"train_seconds": train_seconds, "experiment": host})
+        ckpt.save(step, state, {"train_seconds": train_seconds, "spent": spent, "experiment": host})
 
     try:
         with interrupts.at_step_boundary():
             for step in range(start + 1, num_steps + 1):
-                state, metrics = train_step(state, next(batches))
+                batch = next(batches)
+                with timed(spent, "compile_seconds") if step == start + 1 else contextlib.nullcontext():
+                    state, metrics = train_step(state, batch)
                 if after_step is not None:
                     state = after_step(step, state)
                 acc = metrics if acc is None else _add_jit(acc, metrics)
                 window_steps += 1
                 last = step == num_steps
                 stop = interrupts.pending()
+                if several:  # the processes agree on a stop at logging and checkpoint steps only
+                    on_time = step % log_every == 0 or last or (ckpt is not None and step % checkpoint_every == 0)
+                    stop = _agreed_stop(stop) if on_time else None
                 snapshot = snapshot_fn is not None and snapshot_every > 0 and (step % snapshot_every == 0 or last)
                 # Not after the last step (the run is about to end), unless a signal stops it there.
                 checkpoint = ckpt is not None and (stop is not None or (not last and step % checkpoint_every == 0))
@@ -124,14 +131,19 @@ def fit(state: Any,
                 row["train_seconds"] = train_seconds
                 evaluated = eval_fn is not None and (last or bool(eval_every and step % eval_every == 0))
                 if evaluated:
-                    row.update({f"eval_{k}": v for k, v in eval_fn(state).items()})
+                    with timed(spent, "evaluation_seconds"):
+                        row.update({f"eval_{k}": v for k, v in eval_fn(state).items()})
                 if snapshot:
-                    row.update(snapshot_fn(step, state))
+                    with timed(spent, "checkpoint_seconds"):
+                        row.update(snapshot_fn(step, state))
+                row.update(loop_fields(spent, host))
                 rec.log(step, **row)
                 if checkpoint:
-                    save(step, state)
+                    with timed(spent, "checkpoint_seconds"):
+                        save(step, state)
                 shown = {k: v for k, v in row.items() if k in ("loss", "epoch") or k.startswith("eval_")}
-                progress.update(step, force=last or evaluated, **shown)  # evaluations always print
+                # evaluations always print
+                progress.update(step, force=last or evaluated, seconds=activity_seconds(row), **shown)
                 if stop is not None:
                     raise interrupts.Interrupted(stop, f" at step {step} of {num_steps}" + (
                         "; checkpoint saved, rerun the same command to resume" if ckpt else ""))
@@ -141,6 +153,17 @@ def fit(state: Any,
             ckpt.close()
     host["train_seconds"] = train_seconds
     return state
+
+
+def _agreed_stop(stop: str | None) -> str | None:
+    """A signal pending in any process of the run (its name, or that of the lowest process that has one), so
+    that all of them checkpoint and stop at the same step; None when none has. One small all-gather."""
+    from jax.experimental import multihost_utils
+
+    names = tuple(s.name for s in interrupts.SIGNALS)
+    code = names.index(stop) + 1 if stop in names else 0
+    codes = multihost_utils.process_allgather(np.int32(code))
+    return stop or next((names[c - 1] for c in np.asarray(codes).ravel() if c), None)
 
 
 def snapshotter(rec: Run, params_of: Callable[[Any], Any], *, loss_fn: Callable | None = None,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import socket
+from pathlib import Path
 from typing import Any, Mapping, NamedTuple
 
 from hwrepro.errors import ConfigError
@@ -155,6 +156,19 @@ def initialize() -> None:
                                    heartbeat_timeout_seconds=HEARTBEAT_SECONDS)
 
 
+def is_main_process() -> bool:
+    """Whether this is process 0 of its run (always, in a one-process run): the one that writes the run's
+    shared outputs (its model; process i > 0 keeps its own record in process-<i>/)."""
+    where = place()
+    return where is None or where.index == 0
+
+
+def run_workdir(workdir: Path) -> Path:
+    """The run's own workdir seen from this process's record folder: workdir itself, or for process i > 0
+    (which records in <run workdir>/process-<i>/) its parent. Where the run's checkpoints are."""
+    return Path(workdir) if is_main_process() else Path(workdir).parent
+
+
 def describe(mesh) -> dict[str, Any]:
     """What run.json records of a mesh: its shape, the processes and devices, the CPU collectives."""
     import jax
@@ -173,6 +187,23 @@ def put_batch(mesh, batch: Any) -> Any:
     sharding = NamedSharding(mesh, PartitionSpec("data"))
     return jax.tree_util.tree_map(
         lambda x: jax.make_array_from_callback(x.shape, sharding, lambda index: x[index]), batch)
+
+
+def merge_over_processes(parts: dict[str, Any]) -> dict[str, Any]:
+    """Host arrays [B, ...] of 4-byte dtypes that each process filled in part, zeros elsewhere (every element
+    set by at most one process), merged into the whole in every process: how processes that each hold a share
+    of a data set assemble a batch. One all-gather of their bits packed into one uint32 [B, total] array; the
+    sum of the bit patterns is the one process's value exactly (the one-process batch bit for bit)."""
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    names = list(parts)
+    rows = len(parts[names[0]])
+    packed = np.concatenate([parts[k].reshape(rows, -1).view(np.uint32) for k in names], axis=1)
+    merged = np.asarray(multihost_utils.process_allgather(packed)).sum(axis=0, dtype=np.uint32)
+    widths = np.cumsum([0] + [parts[k].reshape(rows, -1).shape[1] for k in names])
+    return {k: merged[:, widths[i]:widths[i + 1]].copy().view(parts[k].dtype).reshape(parts[k].shape)
+            for i, k in enumerate(names)}
 
 
 def to_host(x: Any) -> Any:

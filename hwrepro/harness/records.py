@@ -3,10 +3,13 @@
 - config.json   the resolved config
 - run.json      environment fingerprint, numerics applied, data source, status (running / done / failed: why)
 - metrics.jsonl one JSON object per logged step
-- final.json    final metrics, wall time, param_sha256
+- final.json    final metrics, wall time, this process's peak RSS, param_sha256
 - log.txt       the human-readable log (what was printed)
 - trajectory.npz parameters at evenly spaced steps (only when train.checkpoints > 0), for the study's report
 - checkpoints/  the training state every train.checkpoint_every steps (hwrepro.harness.checkpoints), for resuming
+- model/        the finished run's parameters, for hwrepro.load and --predict (hwrepro.harness.trained)
+- report.html   the run's report, written when it ends (hwrepro.study.report.pages)
+- tb/           TensorBoard event files, with log.tensorboard (hwrepro.harness.events)
 - .lock         held by the run (or sweep) that owns the folder, released by the OS when its processes end
 
 JSON files are replaced atomically (temp file + rename), so a run killed at any moment leaves either the old
@@ -26,6 +29,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import resource
 import socket
 import subprocess
 import sys
@@ -36,6 +40,8 @@ from typing import Any
 import numpy as np
 
 from hwrepro.errors import HwreproError, RunFailed
+from hwrepro.harness import parallel
+from hwrepro.harness.events import EVENTS_DIR, EventLog
 
 PACKAGES = ("hwrepro", "jax", "jaxlib", "flax", "optax", "numpy", "ml-collections", "tensorflow-datasets")
 _CPU_FLAGS_OF_INTEREST = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
@@ -43,8 +49,10 @@ _CPU_FLAGS_OF_INTEREST = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw",
 
 
 CONFIG_FILE = "config.json"
-RECORD_FILES = ("config.json", "run.json", "metrics.jsonl", "final.json", "log.txt", "trajectory.npz", "traceback.txt")
+RECORD_FILES = ("config.json", "run.json", "metrics.jsonl", "final.json", "log.txt", "trajectory.npz", "traceback.txt",
+                "report.html")
 CHECKPOINT_DIR = "checkpoints"
+MODEL_DIR = "model"  # the finished run's model (hwrepro.harness.trained)
 LOCK_FILE = ".lock"
 
 
@@ -292,6 +300,7 @@ class Run:
         self._trajectory = _read_trajectory(self.workdir)  # a resumed run keeps what it had saved
         self._metrics = os.open(self.workdir / "metrics.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         self._log = open(self.workdir / "log.txt", "a", buffering=1)
+        self.events: EventLog | None = None  # TensorBoard events, opened by `start` with log.tensorboard
 
     @staticmethod
     def prepare(workdir: Path, config: Any) -> bool:
@@ -307,9 +316,9 @@ class Run:
             same_config = read_json(workdir / CONFIG_FILE) == config_dict(config)
         except (OSError, ValueError):
             same_config = False
-        if same_config and _has_checkpoint(workdir):
+        if same_config and _has_checkpoint(parallel.run_workdir(workdir)):  # process i > 0: the run's
             return True
-        stale = [p for p in workdir.iterdir() if p.name in RECORD_FILES + (CHECKPOINT_DIR,)]
+        stale = [p for p in workdir.iterdir() if p.name in RECORD_FILES + (CHECKPOINT_DIR, MODEL_DIR, EVENTS_DIR)]
         if stale:
             aside = workdir / f"previous-{time.strftime('%Y%m%d-%H%M%S')}"
             aside.mkdir(exist_ok=True)
@@ -325,6 +334,8 @@ class Run:
         """Opens the record (config.json, run.json) in a workdir made ready by `prepare`."""
         workdir = Path(workdir)
         config_data = config_dict(config)
+        # opened before any record is written: without tensorboardX this is a config error, and no run
+        events = EventLog(workdir) if (config_data.get("log") or {}).get("tensorboard") else None
         write_config(workdir, config)
         try:
             resumes = read_json(workdir / "run.json").get("resumes", -1) + 1
@@ -350,6 +361,7 @@ class Run:
             "argv": sys.argv,
         }
         run = cls(workdir, info, quiet)
+        run.events = events
         run._write_info()
         return run
 
@@ -397,6 +409,8 @@ class Run:
         except OSError as e:
             os.ftruncate(self._metrics, size)
             raise RecordWriteError(f"cannot write {self.workdir / 'metrics.jsonl'}: {e.strerror or e}") from None
+        if self.events is not None:
+            self.events.add(row)
 
     def rewind(self, step: int) -> None:
         """Drops metrics.jsonl lines and trajectory entries after `step` (a resumed run redoes those steps)."""
@@ -407,6 +421,8 @@ class Run:
         os.close(self._metrics)
         self._metrics = os.open(path, os.O_WRONLY | os.O_APPEND)
         self._trajectory = {s: p for s, p in self._trajectory.items() if s <= step}
+        if self.events is not None:
+            self.events.rewind(step)
 
     def save_params(self, step: int, params: Any) -> None:
         """Adds a float32 copy of the flattened parameters at `step` to trajectory.npz (steps [k], params
@@ -433,6 +449,7 @@ class Run:
             raise RunFailed(f"the parameters are not finite at the end of training ({', '.join(bad[:3])})")
         final = {k: _scalar(v) for k, v in final_metrics.items()}
         final["wall_seconds"] = round(self.seconds(), 3)
+        final["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)  # this process
         final["param_sha256"] = param_sha256(params)
         write_json_atomic(self.workdir / "final.json", final)
         self.info.update(status="done", end_time=now())
@@ -454,10 +471,20 @@ class Run:
     def fail(self, why: str) -> None:
         self.end(f"failed: {why}")
 
+    def discard(self) -> None:
+        """Closes the record and removes what `start` wrote: for a fresh run refused before its first step,
+        which leaves the workdir as `prepare` made it."""
+        self.close()
+        for name in (CONFIG_FILE, "run.json", "metrics.jsonl", "log.txt"):
+            (self.workdir / name).unlink(missing_ok=True)
+
     def close(self) -> None:
         if self._metrics is not None:
             os.close(self._metrics)
             self._metrics = None
+        if self.events is not None:
+            self.events.close()
+            self.events = None
         try:
             self._log.close()
         except OSError:

@@ -47,8 +47,24 @@ def validate(config: ml_collections.ConfigDict) -> None:
         raise ConfigError(f"train.learning_rate={t.learning_rate} must be positive")
     if not isinstance(config.seed, int) or config.seed < 0:
         raise ConfigError(f"seed={config.seed!r} must be a non-negative integer")
+    if t.init_from:
+        _check_init_from(t.init_from)
     numerics.validate(config.numerics)
     parallel.validate(config)
+
+
+def _check_init_from(workdir: str) -> None:
+    """ConfigError naming train.init_from unless it is the workdir of a finished run that kept its model
+    (before any data is read; the shapes are checked against the run's own by trained.load_params)."""
+    from hwrepro.harness import records
+
+    path = Path(workdir)
+    status = records.status_of(path)
+    what = ("does not exist" if not path.exists() else "is not a finished run" if status != "done"
+            else "keeps no model" if not (path / records.MODEL_DIR).is_dir() else None)
+    if what:
+        raise ConfigError(f"train.init_from={workdir!r} {what}: it must name the workdir of a finished run that "
+                          "kept its model (train.keep_model)")
 
 
 def experiment(config: ml_collections.ConfigDict) -> ModuleType:
@@ -100,17 +116,27 @@ def _run_locked(config: ml_collections.ConfigDict, workdir: Path, quiet: bool) -
     parallel.initialize()  # several processes: joined before JAX's backend starts
     numerics.apply_after_jax(config.numerics)
     module = experiment(config)  # its own checks, before the workdir is touched
-    Run.prepare(workdir, config)
+    resumes = Run.prepare(workdir, config)
     rec = Run.start(workdir, config, {"before_jax": before_jax, **numerics.applied()}, quiet=quiet)
     rec.print(f"hwrepro: {config.experiment} '{config.name}' -> {workdir}")
     try:
         final_metrics, params = module.run(config, rec)
+        if config.train.keep_model and parallel.is_main_process():  # process i > 0 records in process-<i>/
+            from hwrepro.harness import trained
+
+            final_metrics["model_bytes"] = trained.save(workdir, config.experiment, params)
         final = rec.finish(final_metrics, params)
     except interrupts.Interrupted as e:
         rec.end(e.status)
         raise
     except KeyboardInterrupt:
         rec.end("interrupted: KeyboardInterrupt")
+        raise
+    except ConfigError as e:
+        if resumes or (workdir / "metrics.jsonl").stat().st_size:
+            rec.fail(str(e))
+        else:  # a config refused before a first step (e.g. train.init_from's shapes): no record of it is left
+            rec.discard()
         raise
     except (HwreproError, RunFailed) as e:
         rec.fail(str(e))
@@ -119,8 +145,27 @@ def _run_locked(config: ml_collections.ConfigDict, workdir: Path, quiet: bool) -
         (workdir / "traceback.txt").write_text(traceback.format_exc())
         rec.fail(f"{type(e).__name__}: {e} (traceback in traceback.txt)")
         raise
+    finally:
+        write_run_report(workdir, quiet)
     shutil.rmtree(workdir / CHECKPOINT_DIR, ignore_errors=True)  # only for resuming; a finished run never is
     return final
+
+
+def write_run_report(workdir: Path, quiet: bool) -> None:
+    """Writes workdir/report.html for a run that ended (done, failed or interrupted). An error is one printed
+    line, never raised: a report must not turn a finished run into a failed one."""
+    if not (workdir / "run.json").exists():  # the record was discarded (bad input before a first step)
+        return
+    try:
+        from hwrepro.study.report import write_run_report as write
+
+        path = write(workdir)
+    except Exception as e:
+        print(f"report.html not written ({type(e).__name__}: {e}); rebuild it with "
+              f"`python -m hwrepro.study.report --html {workdir}`", file=sys.stderr, flush=True)
+        return
+    if not quiet:
+        print(f"report: {path}", file=sys.stderr, flush=True)
 
 
 def print_final(final: dict[str, Any]) -> None:

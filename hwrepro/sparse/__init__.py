@@ -15,7 +15,7 @@ from hwrepro.sparse import lsh, sparse_adam
 from hwrepro.sparse.candidates import (CANDIDATE_MODES, SAMPLERS, batch_shared_candidates, per_example_candidates,
                                        sample_labels, unique_rows)
 from hwrepro.sparse.evaluation import (blocked_top_k, inference_tables, lsh_logits, precision_at_k, topk, topk_lsh,
-                                       topk_lsh_counted)
+                                       topk_lsh_scored, topk_scored)
 from hwrepro.sparse.training import (METHODS, Batch, LshSpec, Params, SlideState, changed_rows_per_step, init_params,
                                      init_state, make_train_step, model_params, rebuild, redraw, refile)
 
@@ -23,5 +23,5 @@ __all__ = [
     "CANDIDATE_MODES", "METHODS", "SAMPLERS", "Batch", "LshSpec", "Params", "SlideState", "batch_shared_candidates",
     "blocked_top_k", "changed_rows_per_step", "inference_tables", "init_params", "init_state", "lsh", "lsh_logits",
     "make_train_step", "model_params", "per_example_candidates", "precision_at_k", "rebuild", "redraw", "refile",
-    "sample_labels", "sparse_adam", "topk", "topk_lsh", "topk_lsh_counted", "unique_rows",
+    "sample_labels", "sparse_adam", "topk", "topk_lsh", "topk_lsh_scored", "topk_scored", "unique_rows",
 ]

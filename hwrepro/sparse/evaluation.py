@@ -37,9 +37,16 @@ def blocked_top_k(x: jax.Array, k: int, block: int = 128) -> tuple[jax.Array, ja
     return v, jnp.take_along_axis(best, j // block, axis=1) * block + j % block
 
 
-@functools.partial(jax.jit, static_argnames=("k", "chunk", "dtype"))
 def topk(params: Params, batch: Batch, k: int, chunk: int = 131072, dtype: Any = jnp.float32) -> jax.Array:
-    """The k highest-scoring labels per example by dense scoring: int32 [B, k], best first.
+    """The k highest-scoring labels per example by dense scoring: int32 [B, k], best first (`topk_scored`'s ids)."""
+    return topk_scored(params, batch, k, chunk, dtype)[1]
+
+
+@functools.partial(jax.jit, static_argnames=("k", "chunk", "dtype"))
+def topk_scored(params: Params, batch: Batch, k: int, chunk: int = 131072,
+                dtype: Any = jnp.float32) -> tuple[jax.Array, jax.Array]:
+    """(logits float32 [B, k], label ids int32 [B, k]) of the k highest-scoring labels per example, best first,
+    by dense scoring.
 
     Scores all num_labels neurons in chunks of `chunk` rows (a running top-k over chunks), so the [B, N]
     logits never exist at once for large N; slices of W are read in place. params: a state's or the modules'.
@@ -47,7 +54,7 @@ def topk(params: Params, batch: Batch, k: int, chunk: int = 131072, dtype: Any =
     params = model_params(params)
     p_in, p_out = params["input"], params["output"]
     h = model.sparse_hidden(p_in["embedding"], p_in["bias"], batch["feat_ids"], batch["feat_vals"], dtype)
-    return scored_topk(p_out["weight"], p_out["bias"], h, k, chunk, dtype)[1]
+    return scored_topk(p_out["weight"], p_out["bias"], h, k, chunk, dtype)
 
 
 def scored_topk(weight: jax.Array, bias: jax.Array, h: jax.Array, k: int, chunk: int = 131072,
@@ -152,17 +159,18 @@ def topk_lsh(
 
     int32 [B, k], best first; -1 where fewer than k neurons were retrieved (never counts as a hit).
     """
-    return topk_lsh_counted(params, hash_fn, tables, batch, k, bucket_capacity, dtype, probe_bits,
-                            inner_product, max_scored)[0]
+    return topk_lsh_scored(params, hash_fn, tables, batch, k, bucket_capacity, dtype, probe_bits,
+                           inner_product, max_scored)[1]
 
 
 @functools.partial(jax.jit, static_argnames=("k", "bucket_capacity", "dtype", "probe_bits", "inner_product",
                                              "max_scored"))
-def topk_lsh_counted(
+def topk_lsh_scored(
     params: Params, hash_fn: Any, tables: Any, batch: Batch, k: int, bucket_capacity: int = 16,
     dtype: Any = jnp.float32, probe_bits: int = 0, inner_product: bool = False, max_scored: int | None = None,
-) -> tuple[jax.Array, jax.Array]:
-    """`topk_lsh` and, per example, how many distinct labels it scored (int32 [B])."""
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(logits float32 [B, k], `topk_lsh`'s ids int32 [B, k], how many distinct labels each example scored
+    int32 [B]); -inf logits where the ids are -1."""
     params = model_params(params)
     p_in, p_out = params["input"], params["output"]
     h = model.sparse_hidden(p_in["embedding"], p_in["bias"], batch["feat_ids"], batch["feat_vals"], dtype)
@@ -170,7 +178,7 @@ def topk_lsh_counted(
                         inner_product, max_scored)
     v, j = jax.lax.top_k(z, k)
     scored = jnp.sum(ids < p_out["weight"].shape[0], axis=1, dtype=jnp.int32)
-    return jnp.where(v > -jnp.inf, jnp.take_along_axis(ids, j, axis=1), -1), scored
+    return v, jnp.where(v > -jnp.inf, jnp.take_along_axis(ids, j, axis=1), -1), scored
 
 
 def precision_at_k(

@@ -127,15 +127,16 @@ def init_state(
     param_dtype: Any = jnp.float32,
     moment_dtype: Any = jnp.float32,
     lsh_spec: LshSpec = LshSpec(),
+    params: Params | None = None,
 ) -> SlideState:
     """training.init_state's state laid out over `mesh` (module docstring): the same parameter values (same
-    key use), W, b and E padded with zero rows to N_pad and F_pad, and LSH tables built per shard over its own
-    rows."""
+    key use, or `params`: the modules' view in the single-device layout), W, b and E padded with zero rows to
+    N_pad and F_pad, and LSH tables built per shard over its own rows."""
     # training.init_state's draws exactly (the "lsh" tables are built below, per shard, with its table key),
     # then padded and placed: the whole W passes through one device once.
     state = training.init_state(key, num_features, num_labels, hidden,
                                 method="sampled" if method == "lsh" else method, param_dtype=param_dtype,
-                                moment_dtype=moment_dtype)
+                                moment_dtype=moment_dtype, params=params)
     shards, specs = _axis_size(mesh, MODEL), state_specs(state)
     state = jax.tree_util.tree_map(
         lambda x, spec: jnp.pad(x, [(0, -x.shape[0] % shards)] + [(0, 0)] * (x.ndim - 1)) if spec == P(MODEL)

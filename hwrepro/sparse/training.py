@@ -135,8 +135,10 @@ def init_state(
     lsh_spec: LshSpec = LshSpec(),
     table_capacity: int = 0,
     pending_rows: int = 0,
+    params: Params | None = None,
 ) -> SlideState:
-    """A fresh training state for `method` ("lsh", "sampled" or "dense").
+    """A fresh training state for `method` ("lsh", "sampled" or "dense"); `params` (the modules' view, e.g. a
+    finished run's for fine-tuning) instead of freshly initialised ones, with fresh optimizer state and tables.
 
     param_dtype is the storage dtype of E and W (float32 or bfloat16); biases stay float32. For "lsh" the
     hash functions are drawn and the tables built from the initial W: with table_capacity 0, lsh.Tables with
@@ -147,7 +149,9 @@ def init_state(
     """
     _check(method, METHODS, "method")
     k_params, k_hash, k_tables = jax.random.split(key, 3)
-    params = init_params(k_params, num_features, num_labels, hidden, param_dtype)
+    if params is None:
+        params = init_params(k_params, num_features, num_labels, hidden, param_dtype)
+    params = jax.tree_util.tree_map(jnp.asarray, params)
     if method == "dense":
         opt_state = optax.adam(1.0).init(params)
     else:
