@@ -80,6 +80,9 @@ def slide_config(dataset: str, method: str) -> ml_collections.ConfigDict:
     # gave SLIDE P@1 0.222 and sampled softmax 0.213 against 0.169 / 0.162 with these (one seed, 20,000 test
     # points); lr 1e-2, eps 1e-5 made dense softmax learn (docs/slide_costs.md, "A fair dense ceiling").
     c.train.adam_eps = 1e-8
+    # Storage of the row-sparse Adam moments of E and W (methods lsh, sampled): fp32 | bf16 (half their
+    # bytes and row traffic; its P@1 effect: docs/slide_costs.md, "Narrower Adam moments").
+    c.train.moments_dtype = "fp32"
     c.train.num_epochs = 1            # SLIDE ran 10; one epoch is the time-to-accuracy comparison here
     c.train.log_every = 100
     c.train.eval_every = 1000

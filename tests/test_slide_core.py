@@ -498,3 +498,18 @@ def test_bf16_tables_are_stored_as_bits_and_updated_like_bf16_rows(optimized, ba
     assert params["output"]["weight"].dtype == params["input"]["embedding"].dtype == jnp.bfloat16
     assert np.isfinite(float(metrics["loss"]))
     np.testing.assert_array_equal(sparse.topk(state.params, batch, 5), sparse.topk(params, batch, 5))
+
+
+def test_bf16_adam_moments_store_the_float32_moments_rounded(optimized, batch):
+    """train.moments_dtype=bf16: the first step's parameters are those of float32 moments (the update is
+    computed in float32 from the stored moments, zero at first) and the stored moments are theirs rounded."""
+    states = {}
+    for dtype in (jnp.float32, jnp.bfloat16):
+        state = sparse.init_state(jax.random.PRNGKey(5), NF, N, H, method="lsh", lsh_spec=TINY_LSH,
+                                  moment_dtype=dtype)
+        states[dtype], _ = STEPS["lsh"](state, batch, jax.random.PRNGKey(6))
+    wide, narrow = (jax.tree_util.tree_leaves(states[d].params) for d in (jnp.float32, jnp.bfloat16))
+    assert all(np.array_equal(a, b) for a, b in zip(wide, narrow))
+    mu_wide, mu_narrow = (states[d].opt_state.rows.mu["weight"] for d in (jnp.float32, jnp.bfloat16))
+    assert mu_narrow.dtype == jnp.bfloat16 and np.any(np.asarray(mu_wide) != 0)
+    np.testing.assert_array_equal(np.asarray(mu_narrow), np.asarray(mu_wide.astype(jnp.bfloat16)))

@@ -187,6 +187,7 @@ def test_bad_slide_values_are_one_line(run_launch, tmp_path, field, value, messa
 
 @pytest.mark.parametrize("field, value, message", BAD_SLIDE_VALUES + [
     ("train.adam_eps", 0.0, "train.adam_eps=0.0 must be positive"),
+    ("train.moments_dtype", "fp16", "train.moments_dtype='fp16' is not one of 'fp32', 'bf16'"),
     # The hash family's own checks (hashes.OptionError), named by the config field they came from:
     ("lsh.num_hashes", 31, "lsh.num_hashes=31 gives more than 2**30 buckets per table"),
     ("lsh.simhash.density", 1.5, "lsh.simhash.density=1.5 must be in (0, 1]"),

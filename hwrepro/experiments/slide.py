@@ -49,6 +49,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     FAMILIES.get(config.lsh.kind, "lsh.kind")
     FAMILIES.get(config.eval.lsh.kind, "eval.lsh.kind")
     checks = [("model.method", m.method, sparse.METHODS),
+              ("train.moments_dtype", config.train.moments_dtype, numerics.DTYPES),
               ("model.candidate_mode", m.candidate_mode, sparse.CANDIDATE_MODES),
               ("model.sampler", m.sampler, sparse.SAMPLERS),
               ("lsh.maintenance", config.lsh.maintenance, MAINTENANCE),
@@ -291,7 +292,8 @@ def run(config: ml_collections.ConfigDict, rec: Run):
                                                             param_dtype), init_key)
         initial = trained.start_from(config, fresh, rec)
     state = ops.init_state(init_key, data.num_features, data.num_labels, m.hidden, method=m.method,
-                           param_dtype=param_dtype, lsh_spec=spec, params=initial, **layout)
+                           param_dtype=param_dtype, moment_dtype=numerics.jnp_dtype(config.train.moments_dtype),
+                           lsh_spec=spec, params=initial, **layout)
     step_fn = ops.make_train_step(m.method, learning_rate=config.train.learning_rate,
                                     num_candidates=m.num_candidates, candidate_mode=m.candidate_mode,
                                     bucket_capacity=m.bucket_capacity, min_count=m.min_count, sampler=m.sampler,

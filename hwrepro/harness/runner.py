@@ -152,8 +152,9 @@ def _run_locked(config: ml_collections.ConfigDict, workdir: Path, quiet: bool) -
 
 
 def write_run_report(workdir: Path, quiet: bool) -> None:
-    """Writes workdir/report.html for a run that ended (done, failed or interrupted). An error is one printed
-    line, never raised: a report must not turn a finished run into a failed one."""
+    """Writes workdir/report.html for a run that ended (done, failed or interrupted), and names it for a done
+    run (a failed or interrupted one ends with its own one error line). An error is one printed line, never
+    raised: a report must not turn a finished run into a failed one."""
     if not (workdir / "run.json").exists():  # the record was discarded (bad input before a first step)
         return
     try:
@@ -164,7 +165,9 @@ def write_run_report(workdir: Path, quiet: bool) -> None:
         print(f"report.html not written ({type(e).__name__}: {e}); rebuild it with "
               f"`python -m hwrepro.study.report --html {workdir}`", file=sys.stderr, flush=True)
         return
-    if not quiet:
+    from hwrepro.harness import records
+
+    if not quiet and records.status_of(workdir) == "done":
         print(f"report: {path}", file=sys.stderr, flush=True)
 
 
