@@ -74,6 +74,7 @@ def row_adam(learning_rate: float | jax.Array, b1: float = 0.9, b2: float = 0.99
 
     moment_dtype: dtype of both moments of every table; default float32, also for bfloat16 tables: the second
     moment of a small gradient is far below bfloat16's 8-bit mantissa resolution relative to its running value.
+    bfloat16 moments (half the optimizer's bytes) are stored as uint16 bits, like bfloat16 tables.
 
     update(row_grads, row_ids, state, tables, current_rows=None, used=None):
       row_grads: pytree like `tables` of [M_t, ...] gradient rows; row_ids: the same pytree of int32 [M_t]
@@ -94,7 +95,9 @@ def row_adam(learning_rate: float | jax.Array, b1: float = 0.9, b2: float = 0.99
     def init(tables: Any) -> RowAdamState:
         dtype = jnp.float32 if moment_dtype is None else moment_dtype
         # Two distinct buffers per table: a state whose mu and nu alias one array could not be donated.
-        zeros = lambda t: jnp.zeros(t.shape, dtype)
+        # bfloat16 moments are kept as their uint16 bits (`to_storage`), as bfloat16 tables are: XLA's CPU
+        # scatters update those in place, and bfloat16 ones not (a bf16 moment step measured 2.75x slower).
+        zeros = lambda t: to_storage(jnp.zeros(t.shape, dtype))
         return RowAdamState(count=jnp.zeros((), jnp.int32), mu=jax.tree_util.tree_map(zeros, tables),
                             nu=jax.tree_util.tree_map(zeros, tables))
 
@@ -154,8 +157,8 @@ def update_rows(table: jax.Array, mu_table: jax.Array, nu_table: jax.Array, coun
     g = grad_rows.astype(jnp.float32)
     # Padding ids read a clamped real row: their results are dropped by the scatters, and a clamped gather
     # needs no select over the gathered values.
-    mu = mu_table.at[row_ids].get(mode="clip").astype(jnp.float32)
-    nu = nu_table.at[row_ids].get(mode="clip").astype(jnp.float32)
+    mu = from_storage(mu_table.at[row_ids].get(mode="clip")).astype(jnp.float32)
+    nu = from_storage(nu_table.at[row_ids].get(mode="clip")).astype(jnp.float32)
     if current_rows is None:
         current_rows = table.at[row_ids].get(mode="clip")
     w = from_storage(current_rows).astype(jnp.float32)
@@ -166,5 +169,5 @@ def update_rows(table: jax.Array, mu_table: jax.Array, nu_table: jax.Array, coun
     nu_hat = nu / (1.0 - b2**count).astype(jnp.float32)
     w = w + (-lr) * (mu_hat / (jnp.sqrt(nu_hat) + eps))
     return (table.at[row_ids].set(_stored_as(w, table.dtype), mode="drop"),
-            mu_table.at[row_ids].set(mu.astype(mu_table.dtype), mode="drop"),
-            nu_table.at[row_ids].set(nu.astype(nu_table.dtype), mode="drop"))
+            mu_table.at[row_ids].set(_stored_as(mu, mu_table.dtype), mode="drop"),
+            nu_table.at[row_ids].set(_stored_as(nu, nu_table.dtype), mode="drop"))
