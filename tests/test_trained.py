@@ -48,6 +48,7 @@ def test_a_finished_run_keeps_its_model_and_load_gives_it_back(autoencoder_run):
     np.testing.assert_allclose(model.predict(x), 1 / (1 + np.exp(-np.asarray(logits))), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_keep_model_false_keeps_none_and_load_says_why(tmp_path):
     runner.run_here(tiny_autoencoder(keep_model=False), tmp_path / "ae", quiet=True)
     assert not (tmp_path / "ae" / "model").exists()
@@ -84,6 +85,7 @@ def test_damaged_or_foreign_model_files_are_refused_in_one_line(autoencoder_run,
         assert message in str(e.value) and "\n" not in str(e.value), (folder.name, str(e.value))
 
 
+@pytest.mark.slow
 def test_init_from_starts_from_a_finished_run_and_refuses_another_shape(autoencoder_run, tmp_path):
     workdir, final = autoencoder_run
     tuned = runner.run_here(tiny_autoencoder(init_from=str(workdir)), tmp_path / "tuned", quiet=True)
