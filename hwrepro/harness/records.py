@@ -166,6 +166,14 @@ def read_json(path: Path) -> Any:
     return json.loads(Path(path).read_text())
 
 
+def read_json_or_none(path: Path) -> Any:
+    """`read_json`, or None when the file is missing or not JSON (a record a run never wrote, or cut short)."""
+    try:
+        return read_json(path)
+    except (OSError, ValueError):
+        return None
+
+
 def read_metrics(workdir: Path) -> list[dict[str, Any]]:
     """workdir/metrics.jsonl rows; [] when there is none (a truncated last line, from a killed run, is skipped)."""
     rows = []

@@ -48,18 +48,11 @@ class Sweep(NamedTuple):
 # --- reading -------------------------------------------------------------------------------------------
 
 
-def _read_json(path: Path) -> Any:
-    try:
-        return records.read_json(path)
-    except (OSError, ValueError):
-        return None
-
-
 def load(workdir: Path) -> Sweep:
     """Reads sweep.json and every point's run.json and final.json (metrics and trajectories are read later,
     when needed)."""
     workdir = Path(workdir)
-    record = _read_json(workdir / "sweep.json")
+    record = records.read_json_or_none(workdir / "sweep.json")
     if not isinstance(record, dict) or "points" not in record:
         raise ReportError(f"{workdir}: no readable sweep.json; is this a sweep folder (launch.py with a sweep "
                           "config)?")
@@ -67,9 +60,9 @@ def load(workdir: Path) -> Sweep:
     runs = []
     for p in record["points"]:
         run_dir = workdir / p["name"]
-        info = _read_json(run_dir / "run.json")
+        info = records.read_json_or_none(run_dir / "run.json")
         status = info.get("status", NOT_RUN) if isinstance(info, dict) else NOT_RUN
-        final = _read_json(run_dir / "final.json") if status == "done" else None
+        final = records.read_json_or_none(run_dir / "final.json") if status == "done" else None
         repeat = ",".join(f"{f.rsplit('.', 1)[-1]}={p['overrides'][f]}" for f in repeats if f in p["overrides"])
         runs.append(RunData(p["name"], p.get("configuration", p["name"]), p["overrides"], repeat or "-",
                             status, final, info if isinstance(info, dict) else None, run_dir))

@@ -27,17 +27,10 @@ class RunFolder(NamedTuple):
         return str(self.info.get("name") or self.dir.name)
 
 
-def _json_or_none(path: Path) -> Any:
-    try:
-        return records.read_json(path)
-    except (OSError, ValueError):
-        return None
-
-
 def load_run(path: Path) -> RunFolder:
     """Reads a run folder; ReportError when it holds no readable run.json (not a run)."""
     path = Path(path)
-    info = _json_or_none(path / "run.json")
+    info = records.read_json_or_none(path / "run.json")
     if not isinstance(info, dict):
         raise ReportError(f"{path} is not a run folder (no readable run.json)")
     rows = records.read_metrics(path)
@@ -45,8 +38,8 @@ def load_run(path: Path) -> RunFolder:
         lines = sum(1 for line in (path / "metrics.jsonl").read_text().splitlines() if line.strip())
     except OSError:
         lines = 0
-    final = _json_or_none(path / "final.json")
-    config = _json_or_none(path / records.CONFIG_FILE)
+    final = records.read_json_or_none(path / "final.json")
+    config = records.read_json_or_none(path / records.CONFIG_FILE)
     return RunFolder(path, info, final if isinstance(final, dict) else None,
                      config if isinstance(config, dict) else {}, rows, lines - len(rows))
 
