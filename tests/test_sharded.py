@@ -144,7 +144,17 @@ def _topk_check(data, model_shards):
     want = np.asarray(sparse.topk(single.params, batch, 5))
     got = [np.asarray(sharded.topk(mesh, state.params, batch, 5, num_labels=NUM_LABELS, chunk=chunk))
            for chunk in (6, 1 << 17)]
-    return {"equal": all(np.array_equal(g, want) for g in got)}
+    out = {"equal": all(np.array_equal(g, want) for g in got)}
+    if data == 1:  # a model trained on one device, placed on the model shards: the same top-k and scores
+        import ml_collections
+
+        from hwrepro.experiments import slide
+
+        config = ml_collections.ConfigDict({"numerics": {"precision": "fp32"}})
+        scores, ids = slide.make_predict(config, sparse.model_params(single.params), devices=model_shards)(batch)
+        want_scores, want_ids = (np.asarray(x) for x in sparse.topk_scored(single.params, batch, 5))
+        out["placed"] = bool(np.array_equal(ids, want_ids) and np.allclose(scores, want_scores, rtol=1e-6))
+    return out
 
 
 def _tables_check(data, model_shards, num_labels=20_000):
@@ -239,6 +249,8 @@ def test_each_shard_builds_its_own_tables(results, mesh):
 @pytest.mark.parametrize("mesh", list(MESHES))
 def test_sharded_topk_equals_unsharded(results, mesh):
     assert results[f"topk-{mesh}"]["equal"]
+    assert results[f"topk-{mesh}"].get("placed", True)
+    assert "placed" in results["topk-m4"]  # a one-device model predicts over 4 model shards
 
 
 if __name__ == "__main__":
@@ -285,13 +297,14 @@ def test_launch_with_two_model_shards_matches_the_single_device_run(tmp_path, ru
     """The user's path: the tiny SLIDE config on one device and on parallel.model=2 (2 CPU devices, in the
     launcher's child process). Dense: the same P@k; lsh: P@1 within a few standard errors (each shard picks
     its own candidates, so the random negatives differ). lsh over two local processes (jax.distributed on
-    loopback, gloo): the one-process mesh's final.json scores and parameter bits, hashed from the gathered
-    parameters by both processes; process 1 keeps its own record under process-1/."""
+    loopback, gloo), checkpointing as it goes: the one-process mesh's final.json scores and parameter bits,
+    hashed from the gathered parameters by both processes; process 1 keeps its own record under process-1/."""
     config = _tiny_config_file(tmp_path, 2)
     runs = [(method, name, extra) for method in ("dense", "lsh") for name, extra in (
         ("one", ()), ("two", ("--config.parallel.model=2", "--config.numerics.cpu_devices=2")))]
     finals = {}
-    for method, name, extra in runs + [("lsh", "processes", TWO_PROCESSES)]:
+    # The two-process run also checkpoints (every process saves its shards at steps 20, 40, 60): same bits.
+    for method, name, extra in runs + [("lsh", "processes", TWO_PROCESSES + ("--config.train.checkpoint_every=20",))]:
         proc = run_launch(f"--config={config}", f"--workdir={tmp_path / (method + name)}",
                           f"--config.model.method={method}", *extra)
         assert proc.returncode == 0, proc.stderr[-2000:]
@@ -311,6 +324,7 @@ def test_launch_with_two_model_shards_matches_the_single_device_run(tmp_path, ru
     run = json.loads((workdir / "run.json").read_text())
     assert run["parallel"]["process_count"] == 2 and run["parallel"]["cpu_collectives"] == "gloo"
     assert (workdir / "process-0" / "output.txt").stat().st_size > 0
+    assert json.loads((workdir / "metrics.jsonl").read_text().splitlines()[-1])["checkpoint_seconds"] > 0
     # Each process held half of the points (and its batches were the one-process batches: the same bits).
     assert run["data_details"]["points_held"] == {"train": 2000, "test": 500}
     # The models the mesh runs kept load on this process's one device and score as the mesh evaluated.

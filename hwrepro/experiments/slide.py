@@ -206,13 +206,21 @@ def predictor(config: ml_collections.ConfigDict, state: sparse.SlideState, use_l
 
 
 def make_predict(config: ml_collections.ConfigDict, params: sparse.Params, *, k: int = 5,
-                 lsh: bool = False) -> Callable:
+                 lsh: bool = False, devices: int = 1) -> Callable:
     """A trained model's prediction (hwrepro.load): batch {"feat_ids" int32 [B, F] padded with num_features,
     "feat_vals" float32 [B, F]} -> (scores float32 [B, k], label ids int32 [B, k]) as NumPy, best first.
     Dense-scored (every label), or with `lsh` LSH-scored through inference tables built here once (eval.lsh's
     settings, the config's seed: the run's own final LSH-scored evaluation); ids -1 (score -inf) where
-    fewer than k labels were retrieved."""
+    fewer than k labels were retrieved. `devices` > 1 (dense only): the output layer split by label over that
+    many of this process's devices (sharded.place, sharded.topk_scored), whatever layout it was trained in."""
     dtype = numerics.jnp_dtype(config.numerics.precision)
+    if devices > 1:
+        if lsh:
+            raise ValueError("make_predict: LSH-scored prediction runs on one device (devices=1)")
+        mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:devices]).reshape(1, devices), ("data", "model"))
+        placed, num_labels = sharded.place(mesh, params), params["output"]["weight"].shape[0]
+        return lambda batch: tuple(parallel.to_host(x) for x in sharded.topk_scored(
+            mesh, placed, parallel.put_batch(mesh, _features(batch)), k, num_labels=num_labels, dtype=dtype))
     params = jax.tree_util.tree_map(jax.numpy.asarray, params)
     if lsh:
         score = lsh_scorer(config, params, k, dtype)

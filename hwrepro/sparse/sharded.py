@@ -137,17 +137,24 @@ def init_state(
     state = training.init_state(key, num_features, num_labels, hidden,
                                 method="sampled" if method == "lsh" else method, param_dtype=param_dtype,
                                 moment_dtype=moment_dtype, params=params)
-    shards, specs = _axis_size(mesh, MODEL), state_specs(state)
-    state = jax.tree_util.tree_map(
-        lambda x, spec: jnp.pad(x, [(0, -x.shape[0] % shards)] + [(0, 0)] * (x.ndim - 1)) if spec == P(MODEL)
-        else x, state, specs)
-    state = jax.device_put(state, jax.tree_util.tree_map(lambda spec: NamedSharding(mesh, spec), specs))
+    state = place(mesh, state)
     if method != "lsh":
         return state
     _, k_hash, k_tables = jax.random.split(key, 3)
     hash_fn = jax.device_put(lsh_spec.init(k_hash, hidden), NamedSharding(mesh, P()))
     tables = build_tables(mesh, hash_fn, state.params["output"]["weight"], k_tables)
     return state.replace(hash_fn=hash_fn, tables=tables, lsh_spec=lsh_spec)
+
+
+def place(mesh: jax.sharding.Mesh, tree: Any) -> Any:
+    """A state, or the modules' parameters, in the single-device layout laid out over `mesh` (module
+    docstring): the leaves `state_specs` splits over `model` padded with zero rows to N_pad / F_pad, the rest
+    replicated. How a model trained anywhere is placed for `topk_scored`."""
+    shards, specs = _axis_size(mesh, MODEL), state_specs(tree)
+    tree = jax.tree_util.tree_map(
+        lambda x, spec: jnp.pad(x, [(0, -x.shape[0] % shards)] + [(0, 0)] * (x.ndim - 1)) if spec == P(MODEL)
+        else x, tree, specs)
+    return jax.device_put(tree, jax.tree_util.tree_map(lambda spec: NamedSharding(mesh, spec), specs))
 
 
 def build_tables(mesh: jax.sharding.Mesh, hash_fn: Any, weight: jax.Array, key: jax.Array) -> lsh.Tables:
@@ -477,10 +484,17 @@ def _merge_topk(values: jax.Array, ids: jax.Array, k: int) -> tuple[jax.Array, j
     return v, jnp.take_along_axis(ids, j, axis=1)
 
 
-@functools.partial(jax.jit, static_argnames=("mesh", "k", "num_labels", "chunk", "dtype"))
 def topk(mesh: jax.sharding.Mesh, params: Params, batch: Batch, k: int, *, num_labels: int, chunk: int = 131072,
          dtype: Any = jnp.float32) -> jax.Array:
-    """evaluation.topk over the mesh: int32 [B, k] (P("data")), best first, equal to unsharded scoring.
+    """evaluation.topk over the mesh: int32 [B, k] (P("data")), best first, equal to unsharded scoring
+    (`topk_scored`'s ids)."""
+    return topk_scored(mesh, params, batch, k, num_labels=num_labels, chunk=chunk, dtype=dtype)[1]
+
+
+@functools.partial(jax.jit, static_argnames=("mesh", "k", "num_labels", "chunk", "dtype"))
+def topk_scored(mesh: jax.sharding.Mesh, params: Params, batch: Batch, k: int, *, num_labels: int,
+                chunk: int = 131072, dtype: Any = jnp.float32) -> tuple[jax.Array, jax.Array]:
+    """evaluation.topk_scored over the mesh: (logits float32 [B, k], ids int32 [B, k]), both P("data").
 
     Each shard scores its own rows (chunks of `chunk`), then `_merge_topk`: sends [B', k] values and ids."""
     def local(params, batch):
@@ -490,9 +504,9 @@ def topk(mesh: jax.sharding.Mesh, params: Params, batch: Batch, k: int, *, num_l
         offset = lax.axis_index(MODEL) * rows
         h = _dense_hidden(p_in, batch, dtype)[0]
         v, ids = scored_topk(p_out["weight"], p_out["bias"], h, k, chunk, dtype, num_valid=num_labels - offset)
-        return _merge_topk(v, ids + offset, k)[1]
+        return _merge_topk(v, ids + offset, k)
 
-    return _shard_map(local, mesh, (state_specs(params), _batch_specs(batch)), P(DATA))(params, batch)
+    return _shard_map(local, mesh, (state_specs(params), _batch_specs(batch)), (P(DATA), P(DATA)))(params, batch)
 
 
 @functools.partial(jax.jit, static_argnames=("mesh", "k", "num_labels", "bucket_capacity", "dtype"))
