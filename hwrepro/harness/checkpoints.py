@@ -103,9 +103,12 @@ def _copy(leaf: Any) -> Any:
     return jax.numpy.copy(leaf) if _split(leaf) else np.array(leaf, copy=True)
 
 
+_all_finite = jax.jit(lambda x: jax.numpy.all(jax.numpy.isfinite(x)))  # compiled once per leaf shape, not per save
+
+
 def _finite(leaf: Any) -> bool:
     if _split(leaf):  # every process computes the same replicated answer
-        return bool(np.asarray(jax.jit(lambda x: jax.numpy.all(jax.numpy.isfinite(x)))(leaf).addressable_data(0)))
+        return bool(np.asarray(_all_finite(leaf).addressable_data(0)))
     return bool(np.all(np.isfinite(leaf)))
 
 

@@ -1,8 +1,8 @@
 """A finished run's model: kept in its workdir by `save`, given back by `load`.
 
     model = hwrepro.load("runs/slide_amazon-...")       # in any process, on one device
-    ids, scores = model.predict(batch)                   # SLIDE: top-5 labels, dense-scored
-    ids, scores = model.predict(batch, k=10, lsh=True)   # LSH-scored (inference tables rebuilt, deterministically)
+    scores, ids = model.predict(batch)                   # SLIDE: top-5 labels, dense-scored
+    scores, ids = model.predict(batch, k=10, lsh=True)   # LSH-scored (inference tables rebuilt, deterministically)
 
 workdir/model/ holds
 - params/     the parameters as the experiment's Flax modules take them (what `run` returned and final.json's
@@ -21,7 +21,6 @@ incompatible hwrepro: the loaded parameters must hash to final.json's param_sha2
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import shutil
 from pathlib import Path
@@ -84,7 +83,7 @@ def save(workdir: Path, experiment: str, params: Any) -> int:
 class Trained:
     """A finished run's model. `config`: the run's config; `params`: the Flax modules' parameters (NumPy
     arrays, the tree `run` returned); `final`: final.json. `predict(inputs, **options)` is the experiment's
-    prediction (SLIDE: batch dict -> (ids int32 [B, k], scores float32 [B, k]), options k, lsh;
+    prediction (SLIDE: batch dict -> (scores float32 [B, k], ids int32 [B, k]), options k, lsh, devices;
     autoencoder: images [B, 784] in [0, 1] -> reconstructions; PredNet: frames [B, T, H, W, C] -> next-frame
     predictions); each set of options is built once (e.g. SLIDE's LSH tables)."""
 
