@@ -109,9 +109,13 @@ def optimized():
 
 
 def pytest_collection_modifyitems(items):
-    """In each module, the tests that take `optimized` first: they compile before anything in the module is
-    compiled unoptimized, so no cache is cleared for them, and the tests after them reuse what they compiled."""
-    first = {}
+    """Modules with the most slow tests first, so that pytest-xdist (README's command runs `-n 2 --dist
+    loadfile`: each module whole on one worker) starts the longest modules first and no long one is left to
+    run alone at the end; otherwise the collection order. In each module, the tests that take `optimized`
+    first: they compile before anything in the module is compiled unoptimized, so no cache is cleared for
+    them, and the tests after them reuse what they compiled."""
+    first, slow = {}, {}
     for item in items:
         first.setdefault(item.path, len(first))
-    items.sort(key=lambda item: (first[item.path], "optimized" not in item.fixturenames))
+        slow[item.path] = slow.get(item.path, 0) + (item.get_closest_marker("slow") is not None)
+    items.sort(key=lambda item: (-slow[item.path], first[item.path], "optimized" not in item.fixturenames))

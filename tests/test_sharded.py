@@ -203,7 +203,9 @@ def main():
 
 @pytest.fixture(scope="module")
 def results():
-    env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES="4")
+    # Most XLA optimizations off, as conftest's unoptimized modules: compiling the many small sharded programs
+    # is most of the child's time (31 s against 23 s), and what it checks is the sharding, not XLA's fusions.
+    env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES="4", JAX_DISABLE_MOST_OPTIMIZATIONS="true")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     proc = subprocess.run([sys.executable, __file__], capture_output=True, text=True, env=env, timeout=600)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULTS ")]
@@ -295,22 +297,21 @@ TWO_PROCESSES = ("--config.parallel.processes=2", "--config.numerics.cpu_devices
 @pytest.mark.slow
 def test_launch_with_two_model_shards_matches_the_single_device_run(tmp_path, run_launch):
     """The user's path: the tiny SLIDE config on one device and on parallel.model=2 (2 CPU devices, in the
-    launcher's child process). Dense: the same P@k; lsh: P@1 within a few standard errors (each shard picks
-    its own candidates, so the random negatives differ). lsh over two local processes (jax.distributed on
-    loopback, gloo), checkpointing as it goes: the one-process mesh's final.json scores and parameter bits,
-    hashed from the gathered parameters by both processes; process 1 keeps its own record under process-1/."""
+    launcher's child process): P@1 within a few standard errors (each shard picks its own candidates, so the
+    random negatives differ; the dense and sampled steps' equality to one device is checked step by step in
+    the 4-device child above). lsh over two local processes (jax.distributed on loopback, gloo), checkpointing
+    as it goes: the one-process mesh's final.json scores and parameter bits, hashed from the gathered
+    parameters by both processes; process 1 keeps its own record under process-1/."""
     config = _tiny_config_file(tmp_path, 2)
-    runs = [(method, name, extra) for method in ("dense", "lsh") for name, extra in (
-        ("one", ()), ("two", ("--config.parallel.model=2", "--config.numerics.cpu_devices=2")))]
+    runs = [("lsh", "one", ()), ("lsh", "two", ("--config.parallel.model=2", "--config.numerics.cpu_devices=2")),
+            # The two-process run also checkpoints (every process saves its shards at steps 20, 40, 60): same bits.
+            ("lsh", "processes", TWO_PROCESSES + ("--config.train.checkpoint_every=20",))]
     finals = {}
-    # The two-process run also checkpoints (every process saves its shards at steps 20, 40, 60): same bits.
-    for method, name, extra in runs + [("lsh", "processes", TWO_PROCESSES + ("--config.train.checkpoint_every=20",))]:
+    for method, name, extra in runs:
         proc = run_launch(f"--config={config}", f"--workdir={tmp_path / (method + name)}",
                           f"--config.model.method={method}", *extra)
         assert proc.returncode == 0, proc.stderr[-2000:]
         finals[method, name] = json.loads((tmp_path / (method + name) / "final.json").read_text())
-    for k in (1, 3, 5):
-        assert finals["dense", "one"][f"test_P@{k}"] == pytest.approx(finals["dense", "two"][f"test_P@{k}"], abs=2e-3)
     p = finals["lsh", "one"]["test_P@1"]
     assert abs(finals["lsh", "two"]["test_P@1"] - p) < 4 * (p * (1 - p) / 1000) ** 0.5
 
