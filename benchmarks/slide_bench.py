@@ -225,7 +225,9 @@ def child(spec: dict) -> dict:
         rows = traffic - (num_labels + 1) * 4 * 3
         out["row_gbs"] = row_gbs(num_labels, m)
         out["row_floor_ms"] = (rows / out["row_gbs"] + (traffic - rows) / out["copy_gbs"]) / 1e6
-    out["source"] = os.path.dirname(os.path.dirname(os.path.abspath(sparse.__file__)))  # the tree measured
+    import hwrepro
+
+    out["source"] = os.path.dirname(os.path.dirname(os.path.abspath(hwrepro.__file__)))  # the tree measured
     out["maxrss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     out["huge_pages_gb"] = anon_huge_pages_gb()
     device = jax.devices()[0]
