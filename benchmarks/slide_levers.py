@@ -1,6 +1,6 @@
 """The SLIDE step's levers, each timed against the step as it is, in one process with alternated rounds.
 
-    python benchmarks/slide_levers.py              # ~3 min on 2 cores
+    python benchmarks/slide_levers.py              # ~1.5 min on 2 cores
     python benchmarks/slide_levers.py --rounds 16  # more alternated rounds per comparison
 
 Four parts at slide_bench's shape (synthetic Amazon-670K batches, M = 8,192 shared candidates, the main
@@ -40,15 +40,11 @@ HINTS = {"indices_are_sorted": True, "unique_indices": True}
 
 
 def median_ms(fn, repeats: int = 20) -> float:
+    """slide_bench's median over `repeats` calls of fn (after one untimed), each waited for."""
     import jax
 
     jax.block_until_ready(fn())
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
+    return bench._median_ms(lambda: jax.block_until_ready(fn()), repeats)
 
 
 def alternate(variants: dict, rounds: int, steps: int = 6) -> dict[str, float]:
@@ -60,13 +56,24 @@ def alternate(variants: dict, rounds: int, steps: int = 6) -> dict[str, float]:
     names = list(variants)
     for r in range(rounds):
         for name in names if r % 2 == 0 else names[::-1]:
-            times = []
-            for _ in range(steps):
-                t0 = time.perf_counter()
-                variants[name]()
-                times.append(time.perf_counter() - t0)
-            per_round[name].append(statistics.median(times) * 1e3)
+            per_round[name].append(bench._median_ms(variants[name], steps))
     return {name: statistics.median(ms) for name, ms in per_round.items()}
+
+
+class Stepper:
+    """Runs `step` (a jitted or compiled training step) on the benchmark's batches in turn, each with its own
+    key; `state` is the latest state, `losses` every step's loss (read back, so each call waits for its step)."""
+
+    def __init__(self, step, state, batches, key):
+        self.step, self.state, self.batches, self.key, self.losses = step, state, batches, key, []
+
+    def __call__(self) -> None:
+        import jax
+
+        i = len(self.losses)
+        batch = self.batches[i % len(self.batches)]
+        self.state, metrics = self.step(self.state, batch, jax.random.fold_in(self.key, i))
+        self.losses.append(float(metrics["loss"]))
 
 
 def fresh_state():
@@ -102,15 +109,9 @@ def parts() -> None:
     batches = device_batches()
     key = jax.random.PRNGKey(2)
     step = sparse.make_train_step("lsh", learning_rate=1e-4, num_candidates=M, bucket_capacity=bench.BUCKET_CAPACITY)
-    holder = {"state": state, "i": 0}
-
-    def one_step():
-        holder["state"], metrics = step(holder["state"], batches[holder["i"] % 4], jax.random.fold_in(key, holder["i"]))
-        holder["i"] += 1
-        return holder["state"], metrics
-
-    whole = median_ms(one_step)
-    state, batch = holder["state"], batches[0]
+    run = Stepper(step, state, batches, key)
+    whole = median_ms(run)
+    state, batch = run.state, batches[0]
     p_in, p_out, rows = state.params["input"], state.params["output"], state.opt_state.rows
     feat_rows, inv = jax.jit(functools.partial(candidates.unique_rows, num_rows=nf))(batch["feat_ids"])
     e_rows = training._rows_at(p_in["embedding"], feat_rows)
@@ -332,28 +333,20 @@ def rewrites(rounds: int) -> None:
                 "all three": {"targets", "top_k", "hints"}}
     batches = device_batches()
     key = jax.random.PRNGKey(2)
-    runs, losses = {}, {}
+    runs = {}
     for name, which in variants.items():
         state = fresh_state()
         step = sparse.make_train_step("lsh", learning_rate=1e-4, num_candidates=M,
                                       bucket_capacity=bench.BUCKET_CAPACITY)
         with patched(which):
             compiled = step.lower(state, batches[0], key).compile()
-        holder = {"state": state, "i": 0}
-        losses[name] = []
-
-        def run(compiled=compiled, holder=holder, out=losses[name]):
-            holder["state"], metrics = compiled(holder["state"], batches[holder["i"] % 4],
-                                                jax.random.fold_in(key, holder["i"]))
-            holder["i"] += 1
-            out.append(float(metrics["loss"]))
-        runs[name] = run
+        runs[name] = Stepper(compiled, state, batches, key)
     medians = alternate(runs, rounds)
     print(f"3. Exact rewrites of the whole lsh-shared step ({rounds} alternated rounds of 6 steps)")
     base = medians["as it is"]
-    steps = min(len(v) for v in losses.values())
+    steps = min(len(run.losses) for run in runs.values())
     for name, ms in medians.items():
-        same = losses[name][:steps] == losses["as it is"][:steps]
+        same = runs[name].losses[:steps] == runs["as it is"].losses[:steps]
         print(f"   {name:<36}{ms:8.2f} ms  {ms / base:6.3f}x  same losses over {steps} steps: {same}", flush=True)
 
 
@@ -374,21 +367,19 @@ def rebuild_parts(rebuilds: int = 3) -> None:
     step = sparse.make_train_step("lsh", learning_rate=1e-4, num_candidates=M, bucket_capacity=bench.BUCKET_CAPACITY)
     batches = device_batches()
     key = jax.random.PRNGKey(2)
-    holder = {"state": state, "i": 0}
+    run = Stepper(step, state, batches, key)
 
     def period():
         for _ in range(50):
-            holder["state"], _ = step(holder["state"], batches[holder["i"] % 4], jax.random.fold_in(key, holder["i"]))
-            holder["i"] += 1
-        jax.block_until_ready(holder["state"])
+            run()
 
     hash_all = jax.jit(lsh.table_codes)
     period()
-    holder["state"] = sparse.rebuild(holder["state"], key)  # compiles
+    run.state = sparse.rebuild(run.state, key)  # compiles
     print("4. A table rebuild after 50 steps, and its parts timed alone (ms)")
     for r in range(rebuilds):
         period()
-        state = holder["state"]
+        state = run.state
         changed = float(jnp.mean(state.tables.changed))
         weight = sparse_adam.from_storage(state.params["output"]["weight"])
         t0 = time.perf_counter()
@@ -398,7 +389,7 @@ def rebuild_parts(rebuilds: int = 3) -> None:
         lsh._host_group_by_bucket(np.asarray(codes), np.asarray(lsh._row_seeds(key, codes.shape[0])),
                                   buckets=lsh.num_buckets(state.hash_fn), id_bits=id_bits, rand_bits=rand_bits)
         t2 = time.perf_counter()
-        holder["state"] = jax.block_until_ready(sparse.rebuild(state, jax.random.fold_in(key, r)))
+        run.state = jax.block_until_ready(sparse.rebuild(state, jax.random.fold_in(key, r)))
         t3 = time.perf_counter()
         print(f"   {changed:.0%} of W's rows changed: rebuild {(t3 - t2) * 1e3:6.0f}; hashing every row "
               f"{(t1 - t0) * 1e3:5.0f} (the changed ones: ~{(t1 - t0) * 1e3 * changed:.0f}); grouping "
