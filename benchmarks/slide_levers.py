@@ -113,13 +113,15 @@ def parts() -> None:
     whole = median_ms(run)
     state, batch = run.state, batches[0]
     p_in, p_out, rows = state.params["input"], state.params["output"], state.opt_state.rows
-    feat_rows, inv = jax.jit(functools.partial(candidates.unique_rows, num_rows=nf))(batch["feat_ids"])
+    unique = jax.jit(functools.partial(candidates.unique_rows, num_rows=nf))
+    feat_rows, inv = unique(batch["feat_ids"])
     e_rows = training._rows_at(p_in["embedding"], feat_rows)
 
     def hidden(r, bias):
         return model.embedding_sum(r[inv], batch["feat_vals"], bias)
 
-    h = jax.jit(hidden)(e_rows, p_in["bias"])
+    forward = jax.jit(hidden)
+    h = forward(e_rows, p_in["bias"])
     retrieved = lsh.query(state.hash_fn, state.tables, h, bench.BUCKET_CAPACITY)
     select = jax.jit(functools.partial(candidates.batch_shared_candidates, num_candidates=M, num_labels=n))
     cand, mask = select(batch["labels"], retrieved, key)
@@ -140,9 +142,7 @@ def parts() -> None:
         tables[name][:] = adam(*tables[name], ids, g, cur)
         return tables[name][0]
 
-    unique = jax.jit(functools.partial(candidates.unique_rows, num_rows=nf))
     gather_rows = jax.jit(training._rows_at)
-    forward = jax.jit(hidden)
     query = jax.jit(lsh.query, static_argnums=3)
     measured = {
         "unique feature rows (one sort)": median_ms(lambda: unique(batch["feat_ids"])),
@@ -192,9 +192,7 @@ def layouts(rounds: int) -> None:
     count = jnp.int32(5)
 
     def adam(w, m, v, g):
-        m, v = 0.9 * m + 0.1 * g, 0.999 * v + 0.001 * g * g
-        m_hat, v_hat = m / (1 - 0.9**count).astype(jnp.float32), v / (1 - 0.999**count).astype(jnp.float32)
-        return w - 1e-4 * (m_hat / (jnp.sqrt(v_hat) + 1e-8)), m, v
+        return sparse_adam.adam_rows(w, m, v, g, count, 1e-4, 0.9, 0.999, 1e-8)
 
     def forward_grad(w):  # stands for the forward pass: the gradient depends on the gathered rows
         return grad + 1e-9 * jnp.einsum("bh,mh->m", h, w)[:, None]
@@ -287,18 +285,13 @@ def hinted_update_rows(table, mu_table, nu_table, count, row_ids, grad_rows, cur
     unique)."""
     import jax.numpy as jnp
 
-    from hwrepro.sparse.sparse_adam import _stored_as, from_storage
+    from hwrepro.sparse.sparse_adam import _stored_as, adam_rows, from_storage
 
     g = grad_rows.astype(jnp.float32)
     mu = from_storage(mu_table.at[row_ids].get(mode="clip", **HINTS)).astype(jnp.float32)
     nu = from_storage(nu_table.at[row_ids].get(mode="clip", **HINTS)).astype(jnp.float32)
     rows = table.at[row_ids].get(mode="clip", **HINTS) if current_rows is None else current_rows
-    w = from_storage(rows).astype(jnp.float32)
-    mu = b1 * mu + (1.0 - b1) * g
-    nu = b2 * nu + (1.0 - b2) * g * g
-    mu_hat = mu / (1.0 - b1**count).astype(jnp.float32)
-    nu_hat = nu / (1.0 - b2**count).astype(jnp.float32)
-    w = w + (-lr) * (mu_hat / (jnp.sqrt(nu_hat) + eps))  # update_rows' operations in its order: the same bits
+    w, mu, nu = adam_rows(from_storage(rows).astype(jnp.float32), mu, nu, g, count, lr, b1, b2, eps)
     return tuple(t.at[row_ids].set(_stored_as(x, t.dtype), mode="drop", **HINTS)
                  for t, x in ((table, w), (mu_table, mu), (nu_table, nu)))
 

@@ -149,6 +149,18 @@ def update_blocks(table: jax.Array, mu_table: jax.Array, nu_table: jax.Array, co
     return jax.lax.fori_loop(0, -(-used // block), update_block, (table, mu_table, nu_table))
 
 
+def adam_rows(w: jax.Array, mu: jax.Array, nu: jax.Array, g: jax.Array, count: jax.Array, lr: float | jax.Array,
+              b1: float, b2: float, eps: float) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Adam's step on gathered float32 rows (w, its moments mu and nu, its gradient g; count: the step number
+    after this update, from 1): (new w, new mu, new nu). The same operations in the same order as
+    optax.adam, so the rows match it bit for bit."""
+    mu = b1 * mu + (1.0 - b1) * g
+    nu = b2 * nu + (1.0 - b2) * g * g
+    mu_hat = mu / (1.0 - b1**count).astype(jnp.float32)
+    nu_hat = nu / (1.0 - b2**count).astype(jnp.float32)
+    return w + (-lr) * (mu_hat / (jnp.sqrt(nu_hat) + eps)), mu, nu
+
+
 def update_rows(table: jax.Array, mu_table: jax.Array, nu_table: jax.Array, count: jax.Array, row_ids: jax.Array,
                 grad_rows: jax.Array, current_rows: jax.Array | None, lr: float | jax.Array, b1: float, b2: float,
                 eps: float) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -161,13 +173,7 @@ def update_rows(table: jax.Array, mu_table: jax.Array, nu_table: jax.Array, coun
     nu = from_storage(nu_table.at[row_ids].get(mode="clip")).astype(jnp.float32)
     if current_rows is None:
         current_rows = table.at[row_ids].get(mode="clip")
-    w = from_storage(current_rows).astype(jnp.float32)
-    mu = b1 * mu + (1.0 - b1) * g
-    nu = b2 * nu + (1.0 - b2) * g * g
-    # Same operations in the same order as optax.adam, so the touched rows match it bit for bit.
-    mu_hat = mu / (1.0 - b1**count).astype(jnp.float32)
-    nu_hat = nu / (1.0 - b2**count).astype(jnp.float32)
-    w = w + (-lr) * (mu_hat / (jnp.sqrt(nu_hat) + eps))
+    w, mu, nu = adam_rows(from_storage(current_rows).astype(jnp.float32), mu, nu, g, count, lr, b1, b2, eps)
     return (table.at[row_ids].set(_stored_as(w, table.dtype), mode="drop"),
             mu_table.at[row_ids].set(_stored_as(mu, mu_table.dtype), mode="drop"),
             nu_table.at[row_ids].set(_stored_as(nu, nu_table.dtype), mode="drop"))
