@@ -348,7 +348,7 @@ def rewrites(rounds: int) -> None:
 def rebuild_parts(rebuilds: int = 3) -> None:
     """A rebuild after each of `rebuilds` periods of 50 steps, against its two parts timed alone: hashing
     (every row of W, then scaled to the share the steps changed) and grouping (lsh._host_group_by_bucket:
-    one NumPy sort of 64-bit keys per table, tables spread over the cores)."""
+    one stable NumPy sort of the bucket codes per table, tables spread over the cores)."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -378,9 +378,8 @@ def rebuild_parts(rebuilds: int = 3) -> None:
         t0 = time.perf_counter()
         codes = jax.block_until_ready(hash_all(state.hash_fn, weight))
         t1 = time.perf_counter()
-        id_bits, rand_bits = lsh._key_bits(codes.shape[1], lsh.num_buckets(state.hash_fn))
         lsh._host_group_by_bucket(np.asarray(codes), np.asarray(lsh._row_seeds(key, codes.shape[0])),
-                                  buckets=lsh.num_buckets(state.hash_fn), id_bits=id_bits, rand_bits=rand_bits)
+                                  buckets=lsh.num_buckets(state.hash_fn))
         t2 = time.perf_counter()
         run.state = jax.block_until_ready(sparse.rebuild(state, jax.random.fold_in(key, r)))
         t3 = time.perf_counter()

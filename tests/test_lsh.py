@@ -45,6 +45,22 @@ def test_simhash_bit_collision_rate_is_one_minus_angle_over_pi(angle):
     assert abs(collisions.mean() - p) < 5 * standard_error
 
 
+def test_bf16_simhash_is_the_sign_of_the_bf16_rounded_projection():
+    fn = lsh.init_hash("simhash", jax.random.key(44), 24, 6, 5, dtype="bf16")
+    assert fn.planes.dtype == jnp.bfloat16
+    x = np.random.default_rng(45).standard_normal((300, 24)).astype(np.float32)
+    rounded = np.asarray(jnp.asarray(x, jnp.bfloat16).astype(jnp.float32), np.float64)
+    proj = np.einsum("nd,dlk->nlk", rounded, np.asarray(fn.planes.astype(jnp.float32), np.float64))
+    reference = np.sum((proj > 0) << np.arange(6), axis=-1)
+    sure = np.all(np.abs(proj) > 1e-4, axis=-1)  # f32 sums of exact products: only near-zero ones may differ
+    assert sure.mean() > 0.99
+    np.testing.assert_array_equal(np.asarray(lsh.codes(fn, x))[sure], reference[sure])
+    # The same hyperplanes as the fp32 family drawn with the same key, rounded: most codes agree.
+    exact = lsh.init_hash("simhash", jax.random.key(44), 24, 6, 5)
+    np.testing.assert_array_equal(fn.planes, exact.planes.astype(jnp.bfloat16))
+    assert np.mean(np.asarray(lsh.codes(fn, x)) == np.asarray(lsh.codes(exact, x))) > 0.9
+
+
 def test_sparse_simhash_has_fixed_pm1_support_and_is_a_sign_matmul():
     fn = lsh.init_hash("simhash", jax.random.key(3), 30, 5, 7, density=1 / 3)
     planes = np.asarray(fn.planes)
@@ -233,6 +249,35 @@ def test_host_and_xla_grouping_are_identical(built):
     np.testing.assert_array_equal(host.starts, device.starts)
 
 
+@pytest.mark.parametrize("bits", [1, 7, 20, 31])
+def test_in_bucket_rank_is_a_bijection_that_unrank_inverts_alike_in_numpy_and_jax(bits):
+    seeds = np.random.default_rng(bits).integers(0, 2**32, (3, 1), dtype=np.uint32)
+    ids = np.random.default_rng(40).integers(0, 2**bits, (3, 4096), dtype=np.uint32)
+    ranks = lsh._rank(ids, seeds, bits)
+    assert ranks.max() < 2**bits
+    np.testing.assert_array_equal(lsh._unrank(ranks, seeds, bits), ids)
+    np.testing.assert_array_equal(jax.jit(lsh._rank, static_argnums=2)(ids, seeds, bits), ranks)
+    if bits <= 12:  # every id: a permutation of [0, 2**bits) per table
+        every = np.broadcast_to(np.arange(2**bits, dtype=np.uint32), (3, 2**bits))
+        assert all(len(np.unique(row)) == 2**bits for row in lsh._rank(every, seeds, bits))
+
+
+def test_host_and_xla_grouping_agree_with_codes_over_16_bits_and_64_bit_keys():
+    # 2**21 buckets and 4,000 ids (12 bits): 33-bit keys, so the XLA path sorts uint64 ones; the NumPy path
+    # sorts int32 codes (no radix sort over 16 bits).
+    fn = lsh.init_hash("simhash", jax.random.key(41), DIM, 21, 3)
+    weights = np.random.default_rng(42).standard_normal((4000, DIM)).astype(np.float32)
+    key = jax.random.key(43)
+    host = lsh.build_tables(fn, weights, key, host_sort=True)
+    device = lsh.build_tables(fn, weights, key, host_sort=False)
+    np.testing.assert_array_equal(host.ids, device.ids)
+    np.testing.assert_array_equal(host.starts, device.starts)
+    codes = np.asarray(lsh.table_codes(fn, jnp.asarray(weights)))
+    for t in range(3):
+        np.testing.assert_array_equal(np.sort(host.ids[t]), np.arange(4000))
+        assert np.all(np.diff(codes[t][np.asarray(host.ids[t])]) >= 0)
+
+
 def test_rebuild_rehashes_the_noted_rows_into_the_tables_a_full_build_gives(built):
     fn, weights, _ = built
     rng = np.random.default_rng(21)
@@ -291,6 +336,8 @@ def test_bad_inputs_raise_one_line_errors():
         lsh.init_hash("dwta", jax.random.key(0), 16, 2, 3, bin_size=32)
     with pytest.raises(ValueError, match="density"):
         lsh.init_hash("simhash", jax.random.key(0), 16, 2, 3, density=0.0)
+    with pytest.raises(ValueError, match="dtype='fp16' must be one of fp32, bf16"):
+        lsh.init_hash("simhash", jax.random.key(0), 16, 2, 3, dtype="fp16")
     with pytest.raises(ValueError, match="bucket_capacity"):
         lsh.lookup(lsh.Tables(jnp.zeros((2, 3), jnp.int32), jnp.zeros((2, 5), jnp.int32)),
                    jnp.zeros((1, 2), jnp.int32), 0)

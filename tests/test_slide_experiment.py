@@ -191,6 +191,7 @@ def test_bad_slide_values_are_one_line(run_launch, tmp_path, field, value, messa
     # The hash family's own checks (hashes.OptionError), named by the config field they came from:
     ("lsh.num_hashes", 31, "lsh.num_hashes=31 gives more than 2**30 buckets per table"),
     ("lsh.simhash.density", 1.5, "lsh.simhash.density=1.5 must be in (0, 1]"),
+    ("lsh.simhash.dtype", "fp16", "lsh.simhash.dtype='fp16' must be one of fp32, bf16"),
     ("eval.lsh.num_hashes", 31, "eval.lsh.num_hashes=31 gives more than 2**30 buckets per table")])
 def test_bad_slide_values_fail_validation(field, value, message):
     from configs.slide_amazon import get_config
