@@ -2,6 +2,7 @@
 
     python benchmarks/slide_levers.py              # ~1.5 min on 2 cores
     python benchmarks/slide_levers.py --rounds 16  # more alternated rounds per comparison
+    python benchmarks/slide_levers.py --parts 4    # the rebuild's parts only (~40 s)
 
 Four parts at slide_bench's shape (synthetic Amazon-670K batches, M = 8,192 shared candidates, the main
 job's hash tables), printed as they finish:
@@ -16,7 +17,8 @@ job's hash tables), printed as they finish:
    by binary search in the sorted candidates (no [num_labels] array), the top_k over the listed ids replaced
    by a threshold search on the priorities' bit patterns, index hints on every row gather and scatter of the
    Adam, and all three together.
-4. A table rebuild (what SLIDE's epoch pays beyond sampled softmax's) against its parts timed alone.
+4. A table rebuild (what SLIDE's epoch pays beyond sampled softmax's) against its parts timed alone, the
+   hashing with bf16 and fp32 hyperplanes (lsh.simhash.dtype).
 
 Parts 2 and 3 alternate the variants round by round (reversed every other round), so a change in the
 machine's load falls on all of them; each variant keeps its own state, so every step sees fresh ids.
@@ -347,8 +349,9 @@ def rewrites(rounds: int) -> None:
 
 def rebuild_parts(rebuilds: int = 3) -> None:
     """A rebuild after each of `rebuilds` periods of 50 steps, against its two parts timed alone: hashing
-    (every row of W, then scaled to the share the steps changed) and grouping (lsh._host_group_by_bucket:
-    one stable NumPy sort of the bucket codes per table, tables spread over the cores)."""
+    (every row of W with the main job's hyperplanes in bf16 and in fp32, then scaled to the share the steps
+    changed) and grouping (lsh._host_group_by_bucket: per table, the ids in a random rank's order and one
+    stable NumPy sort of their bucket codes, tables spread over the cores)."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -367,30 +370,38 @@ def rebuild_parts(rebuilds: int = 3) -> None:
             run()
 
     hash_all = jax.jit(lsh.table_codes)
+    fns = {dtype: state.hash_fn._replace(planes=jnp.array(state.hash_fn.planes, dtype, copy=True))  # rebuilds
+           for dtype in (jnp.bfloat16, jnp.float32)}                                            # donate theirs
     period()
     run.state = sparse.rebuild(run.state, key)  # compiles
-    print("4. A table rebuild after 50 steps, and its parts timed alone (ms)")
+    print(f"4. A table rebuild after 50 steps (hyperplanes in {state.hash_fn.planes.dtype}), and its parts timed "
+          "alone (ms)")
     for r in range(rebuilds):
         period()
-        state = run.state
+        state = jax.block_until_ready(run.state)
         changed = float(jnp.mean(state.tables.changed))
         weight = sparse_adam.from_storage(state.params["output"]["weight"])
-        t0 = time.perf_counter()
-        codes = jax.block_until_ready(hash_all(state.hash_fn, weight))
+        hashing = {}
+        for dtype, fn in fns.items():
+            jax.block_until_ready(hash_all(fn, weight[:8]))  # compiles
+            t0 = time.perf_counter()
+            codes = jax.block_until_ready(hash_all(fn, weight))
+            hashing[jnp.dtype(dtype).name] = (time.perf_counter() - t0) * 1e3
         t1 = time.perf_counter()
         lsh._host_group_by_bucket(np.asarray(codes), np.asarray(lsh._row_seeds(key, codes.shape[0])),
                                   buckets=lsh.num_buckets(state.hash_fn))
         t2 = time.perf_counter()
         run.state = jax.block_until_ready(sparse.rebuild(state, jax.random.fold_in(key, r)))
         t3 = time.perf_counter()
-        print(f"   {changed:.0%} of W's rows changed: rebuild {(t3 - t2) * 1e3:6.0f}; hashing every row "
-              f"{(t1 - t0) * 1e3:5.0f} (the changed ones: ~{(t1 - t0) * 1e3 * changed:.0f}); grouping "
-              f"{codes.shape[0]} tables {(t2 - t1) * 1e3:5.0f}", flush=True)
+        every = ", ".join(f"{name} {ms:.0f} (the changed: ~{ms * changed:.0f})" for name, ms in hashing.items())
+        print(f"   {changed:.0%} of W's rows changed: rebuild {(t3 - t2) * 1e3:5.0f}; hashing every row {every}; "
+              f"grouping {codes.shape[0]} tables {(t2 - t1) * 1e3:4.0f}", flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=10, help="alternated rounds in parts 2 and 3")
+    parser.add_argument("--parts", default="1234", help="which parts to run, e.g. 4 (default: all)")
     parser.add_argument("--as-is", action="store_true", help="run as this process was started, without the "
                         "launcher's glibc tunables")
     args = parser.parse_args()
@@ -401,10 +412,9 @@ def main() -> None:
     cpu = cpu_info()
     print(f"CPU: {cpu['model']}, {cpu['logical_cores']} logical cores, ISA flags {' '.join(cpu['isa_flags'])}",
           flush=True)
-    parts()
-    layouts(args.rounds)
-    rewrites(args.rounds)
-    rebuild_parts()
+    for part, run in zip("1234", (parts, lambda: layouts(args.rounds), lambda: rewrites(args.rounds), rebuild_parts)):
+        if part in args.parts:
+            run()
 
 
 if __name__ == "__main__":

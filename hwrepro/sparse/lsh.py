@@ -181,7 +181,8 @@ def build_tables(fn: HashFn, weights: Array, key: Array, *, host_sort: bool | No
     weights: float [N, dim]; key: a PRNG key for the random order inside buckets.
     host_sort: group with NumPy through a callback instead of XLA (same result, bit for bit: the sort keys
         are unique). Default: on the CPU backend, where XLA's sort is most of the build's time and NumPy's
-        vectorised sort is several times faster (rebuild times: docs/benchmarks.md).
+        O(N) grouping (a radix sort of the codes) took half as long (25 tables of 670,091 ids: 0.43 s
+        against 0.81-0.88 s).
     capacity: 0 for Tables(ids int32 [L, N], starts int32 [L, num_buckets + 1]), every id; C > 0 for
         BucketTables holding the first C ids of each bucket of those (a uniform sample of a larger bucket),
         with room for `pending_rows` changed-row ids between refiles.
