@@ -56,8 +56,9 @@ def slide_config(dataset: str, method: str) -> ml_collections.ConfigDict:
     c.lsh.num_tables = 25             # L
     # Each family's own options, in a group named after it (the one of lsh.kind is used):
     # density: Gaussian planes (1.0); SLIDE's sparse "ratio 3" ~1/3. dtype: what rows and planes are rounded to
-    # for the projection (f32 sums): bf16 hashes 1.4-1.9x faster than fp32 on an AVX512-BF16 CPU, flips 0.07% of
-    # the bits, and left one epoch's P@1 as it was over 2 seeds (docs/slide_costs.md, "Table upkeep").
+    # for the projection (f32 sums): bf16 hashes 1.3-2.2x faster than fp32 on an AVX512-BF16 CPU and flips 0.07%
+    # of the bits; with it (and 5ee5549's grouping) one epoch's P@1 held over 2 seeds (docs/slide_costs.md,
+    # "SLIDE's own costs, in one run"). The eval.lsh inference tables take these options too.
     c.lsh.simhash = ml_collections.ConfigDict(dict(density=1.0, dtype="bf16"))
     c.lsh.simhash_pairs = ml_collections.ConfigDict(dict(density=1.0, dtype="bf16"))
     c.lsh.dwta = ml_collections.ConfigDict(dict(bin_size=8))      # SLIDE's bin size (6 hashes x 3 bits = RangePow 18)

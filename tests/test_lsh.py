@@ -240,6 +240,17 @@ def test_in_bucket_order_is_random_and_unbiased():
     assert abs(np.mean(head) - np.mean(whole)) < 5 * spread
 
 
+@pytest.mark.parametrize("host_sort", [True, False])
+def test_tables_vmapped_over_keys_are_each_keys_tables(built, host_sort):
+    fn, weights, _ = built
+    keys = jax.random.split(jax.random.key(46), 3)
+    batched = jax.vmap(lambda k: lsh.build_tables(fn, weights, k, host_sort=host_sort))(keys)
+    for i in range(3):
+        one = lsh.build_tables(fn, weights, keys[i], host_sort=host_sort)
+        np.testing.assert_array_equal(batched.ids[i], one.ids)
+        np.testing.assert_array_equal(batched.starts[i], one.starts)
+
+
 def test_host_and_xla_grouping_are_identical(built):
     fn, weights, _ = built
     key = jax.random.key(20)

@@ -136,8 +136,9 @@ def update_blocks(table: jax.Array, mu_table: jax.Array, nu_table: jax.Array, co
     """`update_rows` over the first `used` (int32 []) ids only, when the rest of row_ids is padding: `block`
     ids at a time, as many blocks as hold them (a dynamic trip count; in place in the donated tables).
 
-    For id arrays sized for the worst case and mostly padding: the per-example step's 54,272 slots hold about
-    two thirds as many distinct rows, and `update_rows` would gather, update and write back every slot."""
+    For id arrays sized for the worst case and partly padding: the per-example step's 54,272 slots hold about
+    two thirds as many distinct rows, the shared step's B * max_features feature slots about half to three
+    quarters, and `update_rows` would gather, update and write back every slot."""
     size = padded_size(row_ids.shape[0], block)
     if size != row_ids.shape[0]:
         row_ids = jnp.pad(row_ids, (0, size - row_ids.shape[0]), constant_values=table.shape[0])

@@ -295,7 +295,8 @@ def _sparse_step(
     feat_ids, labels = batch["feat_ids"], batch["labels"]
 
     # Input layer on the batch's unique active features only; gradients come out summed per unique row.
-    feat_rows, inv = unique_rows(feat_ids, num_features)
+    # Slots in whole blocks of E's row Adam (sparse_adam.update_blocks), which otherwise pads a copy each step.
+    feat_rows, inv = unique_rows(feat_ids, num_features, sparse_adam.padded_size(feat_ids.size))
     e_rows = _rows_at(p_in["embedding"], feat_rows)
     h, hidden_vjp = jax.vjp(lambda r, bias: model.embedding_sum(r[inv], batch["feat_vals"], bias, dtype),
                             e_rows, p_in["bias"])
@@ -324,8 +325,8 @@ def _sparse_step(
     g_e, g_hb = hidden_vjp(g_h)
 
     # E's Adam runs block by block (sparse_adam.update_blocks) over the blocks that hold the batch's distinct
-    # features (feat_rows lists them first; the slots are sized for B * max_features ids, ~40% of them padding
-    # at Amazon-670K's ~75 features a point): the same bits, and the whole step 0.86-0.91x as long as with one
+    # features (feat_rows lists them first; the slots are sized for B * max_features ids: 9,178 distinct
+    # features in slide_bench's 12,288): the same bits, and the whole step 0.86-0.91x as long as with one
     # update over every slot (docs/benchmarks.md, "Why the step misses its arithmetic floor").
     distinct = jnp.sum(feat_rows < num_features, dtype=jnp.int32)
     tables, opt_rows = row_opt.update(

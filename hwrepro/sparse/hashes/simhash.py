@@ -3,7 +3,7 @@
 Bit k of table l is sign(<x, r_lk>). Dense: Gaussian r, so P(bit collides) = 1 - angle(x, y) / pi exactly.
 Sparse (density < 1, SLIDE's "ratio 3"): r has exactly round(density * dim) non-zero entries, each +-1.
 Either way the codes are one matmul, accumulated in f32: of f32 inputs (dtype "fp32"), or of inputs and r
-rounded to bf16 (dtype "bf16"; 1.7x faster hashing on an AVX512-BF16 CPU, docs/slide_costs.md): a
+rounded to bf16 (dtype "bf16"; 1.3-2.2x faster hashing on an AVX512-BF16 CPU, docs/slide_costs.md): a
 projection within bf16 rounding of zero may then take the other sign, as if x had moved by ~0.4%.
 
 Two families: "simhash", L * K independent hyperplanes; "simhash_pairs", L tables made of pairs of m
