@@ -333,7 +333,7 @@ def _sparse_step(
         {"embedding": g_e, "weight": g_w, "out_bias": g_b},
         {"embedding": feat_rows, "weight": rows, "out_bias": rows},
         state.opt_state.rows, row_tables(state.params),
-        {"embedding": e_rows, "weight": w_rows, "out_bias": b_rows},
+        {"embedding": None, "weight": w_rows, "out_bias": b_rows},  # E's blocks gather their own rows
         {"embedding": distinct, "weight": None if shared else used, "out_bias": None if shared else used})
     hb_updates, opt_hb = hidden_opt.update(g_hb, state.opt_state.hidden_bias)
     params = {"input": {"embedding": tables["embedding"], "bias": optax.apply_updates(p_in["bias"], hb_updates)},
