@@ -243,13 +243,13 @@ def full_array_top_k(labels, retrieved, key, num_candidates, num_labels, min_cou
     """The selection's definition, written over every label id: priorities in one [N + 1] array, one top_k
     over all of it (what batch_shared_candidates did before it listed the ids; that top_k was 5x slower at 670k
     labels). Returns the top_k's (priorities, ids)."""
-    k_fill, k_order = jax.random.split(key)
+    k_fill, k_tie = jax.random.split(key)
     score = jnp.zeros(num_labels + 1).at[retrieved.ravel()].add(1.0)
     score = jnp.where(score >= min_count, score, 0.0).at[labels.ravel()].set(jnp.inf)
-    score = score + jnp.where(score > 0, 0.5 * candidates.uniform_by_id(jax.random.fold_in(key, 1),
-                                                                   jnp.arange(num_labels + 1)), 0.0)
+    score = score + jnp.where(score > 0, 0.5 * candidates.uniform_by_id(k_tie, jnp.arange(num_labels + 1)), 0.0)
     fill = sparse.sample_labels(k_fill, (num_candidates,), num_labels, sampler)
-    score = score.at[fill].max(jax.random.uniform(k_order, (num_candidates,), minval=0.25, maxval=0.75))
+    # A drawn id's priority is its first draw's: the earlier drawn, the higher.
+    score = score.at[fill].max(0.75 - 0.5 * jnp.arange(num_candidates, dtype=jnp.int32) / num_candidates)
     return jax.lax.top_k(score[:num_labels], num_candidates)
 
 

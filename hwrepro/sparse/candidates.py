@@ -58,16 +58,18 @@ def batch_shared_candidates(
 
     Priority: the batch's true labels first, then retrieved ids seen at least `min_count` times across the
     batch and tables (SLIDE's "sampling" mode, threshold 2), most often retrieved first (ties at the cut
-    broken at random), then M random ids (uniform or log-uniform) to fill up. Priorities are kept in a float32
-    [num_labels + 1] array (padding id N lands in the last slot), but the top_k runs over the listed ids
-    only (labels, retrieved, drawn; each id at its first listing): XLA:CPU's top_k is single-threaded and
-    its cost grows with the row length, so one over all 670,091 labels costs several times one over the
-    ~60,000 listed ids (docs/benchmarks.md, "Why the step misses its arithmetic floor").
+    broken at random), then M random ids (uniform or log-uniform) to fill up, in the order they were drawn.
+    The draws are independent, so the first ones that fit are a uniformly random subset of them.
+
+    The labels and retrieved ids that qualify (each at its first listing) usually fit: ~2,200 of M = 8,192 in
+    the main job. Then no ranking is needed: they and the first draws that fit are compacted into M slots and
+    sorted (cheaper than a top_k, which XLA:CPU runs on one thread). When more qualify than fit, one top_k over
+    the listed ids (labels, retrieved, drawn) ranks them; both ways select the same ids.
 
     Args:
       labels: int32 [B, Lmax], padded with num_labels.
       retrieved: int32 [...] ids from the LSH tables, padded with num_labels; None for sampled softmax.
-      key: PRNG key for the random fill.
+      key: PRNG key for the random fill and the random order of ties.
       num_candidates: M. If the batch has more than M distinct labels, only M of them are kept.
       min_count: >= 1.
 
@@ -80,31 +82,42 @@ def batch_shared_candidates(
         raise ValueError(f"min_count={min_count} must be >= 1")
     if num_candidates > num_labels:
         raise ValueError(f"num_candidates={num_candidates} exceeds num_labels={num_labels}")
-    k_fill, k_order = jax.random.split(key)
+    k_fill, k_tie = jax.random.split(key)
     fill = sample_labels(k_fill, (num_candidates,), num_labels, sampler)
-    score = jnp.zeros(num_labels + 1, jnp.float32)
-    if retrieved is not None:
-        score = score.at[retrieved.ravel()].add(1.0)
-        score = jnp.where(score >= min_count, score, 0.0)
-    score = score.at[labels.ravel()].set(jnp.inf)
-    # Each drawn id gets a random priority in (0, 1): below any retrieved id (count >= 1), above nothing. The
-    # fill ids that fit are then a random subset of those drawn; top_k breaks ties by position, so with one
-    # shared priority the lowest drawn ids would always win and the top of the id range never be a negative.
-    score = score.at[fill].max(jax.random.uniform(k_order, (num_candidates,), minval=0.25, maxval=0.75))
-    # Every id with a priority is listed; keeping only its first listing (`owner`) makes the ids distinct.
-    listed = [labels.ravel(), fill] if retrieved is None else [labels.ravel(), retrieved.ravel(), fill]
-    listed = jnp.concatenate(listed).astype(jnp.int32)
-    position = jnp.arange(listed.size, dtype=jnp.int32)
-    owner = jnp.full(num_labels + 1, listed.size, jnp.int32).at[listed].min(position)
-    priority = jnp.where((owner[listed] == position) & (listed < num_labels), score[listed], 0.0)
-    if retrieved is not None:
-        # A random fraction per retrieved id (count >= 1): when more are kept than fit, the ones kept at the
-        # cut are a random subset of those with the same count (top_k alone would keep the first listed).
-        # When all fit, the fractions change nothing.
-        tie = 0.5 * uniform_by_id(jax.random.fold_in(key, 1), listed)
-        priority = jnp.where(priority >= 1.0, priority + tie, priority)
-    priority, at = jax.lax.top_k(priority, num_candidates)
-    ids = jnp.sort(jnp.where(priority > 0, listed[at], num_labels))
+    listed = labels.ravel() if retrieved is None else jnp.concatenate([labels.ravel(), retrieved.ravel()])
+    listed = listed.astype(jnp.int32)
+    if retrieved is None:
+        score, qualifies = None, listed < num_labels
+    else:  # labels inf, retrieved ids their count
+        score = jnp.zeros(num_labels + 1, jnp.float32).at[retrieved.ravel()].add(1.0)
+        score = score.at[labels.ravel()].set(jnp.inf)
+        qualifies = (listed < num_labels) & (score[listed] >= min_count)
+    # Each id is claimed by its first qualifying listing, else by its first draw (one [N + 1] array).
+    position = jnp.arange(listed.size + num_candidates, dtype=jnp.int32)
+    everything = jnp.concatenate([listed, fill])
+    claims = jnp.concatenate([jnp.where(qualifies, position[:listed.size], position.size), position[listed.size:]])
+    first = jnp.full(num_labels + 1, position.size, jnp.int32).at[everything].min(claims)
+    owns = first[everything] == claims
+    chosen, drawn = owns[:listed.size] & qualifies, owns[listed.size:]  # each id once; the fill in draw order
+
+    def compact(_) -> jax.Array:  # the chosen all fit: they, then the first draws that fit
+        take = drawn & (jnp.cumsum(drawn, dtype=jnp.int32) <= num_candidates - jnp.sum(chosen, dtype=jnp.int32))
+        keep = jnp.concatenate([chosen, take])
+        at = jnp.where(keep, jnp.cumsum(keep, dtype=jnp.int32) - 1, num_candidates)
+        return jnp.full(num_candidates, num_labels, jnp.int32).at[at].set(everything, mode="drop")
+
+    def rank(_) -> jax.Array:  # more chosen than fit: the M highest priorities
+        # A random fraction per retrieved id (count >= 1): the ones kept at the cut are a random subset of
+        # those with the same count (top_k alone would keep the first listed). Draws: (0.25, 0.75], the earlier
+        # the higher, below any retrieved id.
+        ranked = jnp.inf if score is None else score[listed] + 0.5 * uniform_by_id(k_tie, listed)
+        slot = jnp.arange(num_candidates, dtype=jnp.int32)
+        priority = jnp.concatenate([jnp.where(chosen, ranked, 0.0),
+                                    jnp.where(drawn, 0.75 - 0.5 * slot / num_candidates, 0.0)])
+        top, at = jax.lax.top_k(priority, num_candidates)
+        return jnp.where(top > 0, everything[at], num_labels)
+
+    ids = jnp.sort(jax.lax.cond(jnp.sum(chosen) <= num_candidates, compact, rank, None))
     return ids, ids < num_labels
 
 
