@@ -14,9 +14,9 @@ job's hash tables), printed as they finish:
    tables (this project's layout); the same with index hints (ids sorted and unique); the moments
    interleaved as one [N, 2, H] table; SLIDE's C++ layout, one [N, 3, H] table read and written once per row.
 3. Exact rewrites of the whole step, each checked to give the same losses bit for bit: the targets' columns
-   by binary search in the sorted candidates (no [num_labels] array), the top_k over the listed ids replaced
-   by a threshold search on the priorities' bit patterns, index hints on every row gather and scatter of the
-   Adam, and all three together.
+   by binary search in the sorted candidates (no [num_labels] array), index hints on every row gather and
+   scatter of the Adam, and both together. (A threshold search in place of the candidates' top_k was the third
+   until c9fef9f, whose selection needs no top_k while the chosen ids fit.)
 4. A table rebuild (what SLIDE's epoch pays beyond sampled softmax's) against its parts timed alone, the
    hashing with bf16 and fp32 hyperplanes (lsh.simhash.dtype).
 
@@ -257,31 +257,6 @@ def targets_by_search(labels, cand, num_labels):
     return model.label_targets(labels, num_labels, columns=jnp.where(hit, at, m), width=m)
 
 
-def top_k_by_threshold(priority, k):
-    """The set `jax.lax.top_k(priority, k)` picks (ties to the lower index), for priorities >= 0, as
-    (values, positions) in position order: a 31-step search on the bit patterns for the k-th largest value,
-    then every larger value and the first ties."""
-    import jax
-    import jax.numpy as jnp
-
-    bits = jax.lax.bitcast_convert_type(priority, jnp.int32)  # ordered as the values, for values >= 0
-
-    def halve(_, bounds):
-        lo, hi = bounds
-        mid = lo + (hi - lo) // 2
-        enough = jnp.sum(bits >= mid, dtype=jnp.int32) >= k
-        return jnp.where(enough, mid, lo), jnp.where(enough, hi, mid)
-
-    kth, _ = jax.lax.fori_loop(0, 31, halve, (jnp.int32(0), jnp.int32(0x7F800001)))
-    above, tie = bits > kth, bits == kth
-    need = k - jnp.sum(above, dtype=jnp.int32)
-    take = jax.lax.cond(jnp.sum(tie, dtype=jnp.int32) <= need, lambda: above | tie,
-                        lambda: above | (tie & (jnp.cumsum(tie, dtype=jnp.int32) <= need)))
-    slot = jnp.where(take, jnp.cumsum(take, dtype=jnp.int32) - 1, k)
-    at = jnp.zeros(k, jnp.int32).at[slot].set(jnp.arange(priority.size, dtype=jnp.int32), mode="drop")
-    return priority[at], at
-
-
 def hinted_update_rows(table, mu_table, nu_table, count, row_ids, grad_rows, current_rows, lr, b1, b2, eps):
     """sparse_adam.update_rows with index hints on its gathers and scatters (the step's ids are sorted and
     unique)."""
@@ -301,21 +276,17 @@ def hinted_update_rows(table, mu_table, nu_table, count, row_ids, grad_rows, cur
 @contextlib.contextmanager
 def patched(rewrites: set[str]):
     """The step's functions swapped for the named rewrites while a step is traced."""
-    import jax
-
     from hwrepro.sparse import sparse_adam, training
 
-    saved = training.shared_targets, sparse_adam.update_rows, jax.lax.top_k
+    saved = training.shared_targets, sparse_adam.update_rows
     if "targets" in rewrites:
         training.shared_targets = targets_by_search
     if "hints" in rewrites:
         sparse_adam.update_rows = hinted_update_rows
-    if "top_k" in rewrites:
-        jax.lax.top_k = top_k_by_threshold
     try:
         yield
     finally:
-        training.shared_targets, sparse_adam.update_rows, jax.lax.top_k = saved
+        training.shared_targets, sparse_adam.update_rows = saved
 
 
 def rewrites(rounds: int) -> None:
@@ -323,9 +294,8 @@ def rewrites(rounds: int) -> None:
 
     from hwrepro import sparse
 
-    variants = {"as it is": set(), "targets by binary search": {"targets"},
-                "top_k by threshold search": {"top_k"}, "index hints in the Adam": {"hints"},
-                "all three": {"targets", "top_k", "hints"}}
+    variants = {"as it is": set(), "targets by binary search": {"targets"}, "index hints in the Adam": {"hints"},
+                "both": {"targets", "hints"}}
     batches = device_batches()
     key = jax.random.PRNGKey(2)
     runs = {}
