@@ -259,24 +259,34 @@ def full_array_selection(labels, retrieved, key, num_candidates, num_labels, min
     return np.sort(np.where(np.asarray(priority) > 0, np.asarray(ids), num_labels))
 
 
-@pytest.mark.parametrize("min_count, retrieved_ids", [(2, 3_000), (1, 3_000), (1, 40), (2, 0)])
+@pytest.mark.parametrize("min_count, retrieved_ids", [(2, 3_000), (1, 3_000), (1, 40), (2, 0), (2, None)])
 def test_batch_shared_candidates_equal_a_top_k_over_every_label(min_count, retrieved_ids):
-    # Overfull (min_count=1: ~2,600 distinct retrieved ids for 500 slots), underfull, and nothing retrieved
-    # but padding; padded labels and retrieved ids (id N) throughout.
+    # Overfull (min_count=1: ~2,600 distinct retrieved ids for 500 slots: ranked by top_k), underfull (compacted),
+    # nothing retrieved but padding, nothing retrieved (None: sampled softmax); padded labels and retrieved ids
+    # (id N) throughout.
     n, m = 5_000, 500
     rng = np.random.default_rng(11)
     labels = rng.integers(0, n, (8, 4)).astype(np.int32)
     labels[::2, -1] = n
     retrieved = np.full((8, 5, 100), n, np.int32)
-    retrieved.reshape(-1)[:retrieved_ids] = rng.integers(0, n, retrieved_ids)
+    retrieved.reshape(-1)[:retrieved_ids or 0] = rng.integers(0, n, retrieved_ids or 0)
     labels, retrieved = jnp.asarray(labels), jnp.asarray(retrieved)
     for sampler in sparse.SAMPLERS:
         for seed in range(3):
             key = jax.random.PRNGKey(seed)
-            ids, mask = batch_shared_candidates(labels, retrieved, key, m, n, min_count, sampler)
+            ids, mask = batch_shared_candidates(labels, None if retrieved_ids is None else retrieved, key, m, n,
+                                                min_count, sampler)
             expected = full_array_selection(labels, retrieved, key, m, n, min_count, sampler)
             np.testing.assert_array_equal(np.asarray(ids), expected)
             np.testing.assert_array_equal(np.asarray(mask), expected < n)
+
+
+def test_more_distinct_labels_than_candidates_keeps_the_first_listed():
+    for retrieved in (None, jnp.array([7, 7, 50], jnp.int32)):
+        ids, mask = batch_shared_candidates(jnp.array([[5, 3, 1]], jnp.int32), retrieved, jax.random.PRNGKey(0), 2,
+                                            50)
+        assert np.asarray(ids).tolist() == [3, 5] and np.asarray(mask).all()
+
 
 def test_topk_chunked_equals_dense_and_precision_at_k(params, batch):
     h = model.sparse_hidden(params["input"]["embedding"], params["input"]["bias"], batch["feat_ids"],

@@ -59,23 +59,26 @@ def batch_shared_candidates(
     Priority: the batch's true labels first, then retrieved ids seen at least `min_count` times across the
     batch and tables (SLIDE's "sampling" mode, threshold 2), most often retrieved first (ties at the cut
     broken at random), then M random ids (uniform or log-uniform) to fill up, in the order they were drawn.
-    The draws are independent, so the first ones that fit are a uniformly random subset of them.
+    The draws are independent, so the first ones that fit are as random a subset as the draws themselves.
 
     The labels and retrieved ids that qualify (each at its first listing) usually fit: ~2,200 of M = 8,192 in
     the main job. Then no ranking is needed: they and the first draws that fit are compacted into M slots and
     sorted (cheaper than a top_k, which XLA:CPU runs on one thread). When more qualify than fit, one top_k over
-    the listed ids (labels, retrieved, drawn) ranks them; both ways select the same ids.
+    the listed ids (labels, retrieved, drawn) ranks them; both ways select the same ids (tested against a top_k
+    over every label id).
 
     Args:
       labels: int32 [B, Lmax], padded with num_labels.
       retrieved: int32 [...] ids from the LSH tables, padded with num_labels; None for sampled softmax.
       key: PRNG key for the random fill and the random order of ties.
-      num_candidates: M. If the batch has more than M distinct labels, only M of them are kept.
+      num_candidates: M. If the batch has more than M distinct labels, the first M listed (row by row) are
+        kept.
       min_count: >= 1.
 
     Returns:
       ids int32 [M] (distinct, ascending, num_labels at the unfilled slots, which come last) and mask bool
-      [M] (False at those slots; a slot stays unfilled only when random draws collide). Ascending ids make
+      [M] (False at those slots; a slot stays unfilled only when too few draws are new: repeats, or ids
+      already chosen). Ascending ids make
       the step's row gathers and scatters walk W and its moments in memory order.
     """
     if min_count < 1:

@@ -22,9 +22,9 @@ What makes a sparse step cheap, and is kept that way on purpose:
 - per-example candidates: each example's own ids (labels, retrieved) are gathered row by row, the batch's one
   random fill is scored as one matmul, and each id's gradient rows are summed into one row per distinct id
   (`compact_rows`: one scatter-min into an [num_labels + 1] array, no sort of the slots) for the Adam;
-- candidate selection costs two [num_labels + 1] arrays (retrieval counts and each id's first listing), ~64x
-  less traffic than one pass over W, and no top_k while the labels and retrieved ids fit in M; nothing in a
-  step is O(num_labels * hidden).
+- candidate selection costs two [num_labels + 1] arrays (retrieval counts and each id's first listing; sampled
+  softmax only the second), ~64x less traffic than one pass over W, and no top_k while the labels and
+  retrieved ids fit in M; nothing in a step is O(num_labels * hidden).
 """
 
 from __future__ import annotations
