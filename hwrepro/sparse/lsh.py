@@ -241,17 +241,7 @@ def _group(bucket_codes: Array, buckets: int, key: Array, host_sort: bool | None
         shapes = Tables(ids=jax.ShapeDtypeStruct(bucket_codes.shape, jnp.int32),
                         starts=jax.ShapeDtypeStruct((bucket_codes.shape[0], buckets + 1), jnp.int32))
         return Tables(*jax.pure_callback(group, shapes, bucket_codes, seeds, vmap_method="expand_dims"))
-    id_bits = _id_bits(bucket_codes.shape[1])
-    code_bits = max(1, (buckets - 1).bit_length())
-    rank = _rank(lax.broadcasted_iota(jnp.uint32, bucket_codes.shape, 1), seeds, id_bits)
-    # One sort of a primitive array per table (XLA:CPU's std::sort path; a payload operand or a second key
-    # calls a compiled comparator per comparison, several times slower): unique keys bucket | rank, 32 bits
-    # where they fit, else 64; the id is the rank's inverse.
-    wide = code_bits + id_bits > 32
-    with jax.enable_x64(True) if wide else contextlib.nullcontext():  # JAX has uint64 only with x64 on
-        word = jnp.uint64 if wide else jnp.uint32
-        packed = jnp.sort((bucket_codes.astype(word) << word(id_bits)) | rank.astype(word), axis=1)
-        ids = _unrank((packed & word((1 << id_bits) - 1)).astype(jnp.uint32), seeds, id_bits).astype(jnp.int32)
+    _, ids = _sort_in_random_order(bucket_codes, buckets - 1, seeds)
     table = jnp.arange(bucket_codes.shape[0])[:, None]
     sizes = jnp.zeros((bucket_codes.shape[0], buckets), jnp.int32).at[table, bucket_codes].add(1)
     return Tables(ids=ids, starts=jnp.pad(jnp.cumsum(sizes, axis=1), ((0, 0), (1, 0))))
@@ -322,17 +312,8 @@ def _unrank(r: Array | np.ndarray, seeds: Array | np.ndarray, bits: int) -> Arra
 
 
 def _row_seeds(key: Array, rows: int) -> Array:
-    """uint32 [rows, 1]: one random word per row (table) for `_keyed_mix` or `_rank`."""
+    """uint32 [rows, 1]: one random word per row (table), the seed of its `_rank` bijection."""
     return jax.random.bits(key, (rows, 1), jnp.uint32)
-
-
-def _keyed_mix(key: Array, shape: tuple[int, int]) -> Array:
-    """uint32 [rows, n]: per row, a random bijection of the column indices.
-
-    murmur3's 32-bit finalizer of (index xor a random seed per row): fully avalanching, and far cheaper on
-    CPU than L * N threefry bits, which at Amazon-670K's size would cost more than NumPy's whole sort.
-    """
-    return _fmix32(lax.broadcasted_iota(jnp.uint32, shape, 1) ^ _row_seeds(key, shape[0]))
 
 
 def _fmix32(h: Array | np.ndarray) -> Array | np.ndarray:
@@ -508,7 +489,8 @@ def _move(t: BucketTables, rows: Array, new: Array, key: Array) -> BucketTables:
     arrive = valid & (moved | (old_slot < 0))
     k_order, k_admit, k_start = jax.random.split(key, 3)
     iota = lax.broadcasted_iota(jnp.int32, new.shape, 1)
-    by_bucket, order = _sort_by_bucket(jnp.where(arrive, new, buckets), buckets, k_order)
+    by_bucket, order = _sort_in_random_order(jnp.where(arrive, new, buckets), buckets,
+                                             _row_seeds(k_order, num_tables_))
     head = jnp.concatenate([jnp.ones((num_tables_, 1), bool), by_bucket[:, 1:] != by_bucket[:, :-1]], axis=1)
     rank_sorted = iota - lax.cummax(jnp.where(head, iota, 0), axis=1)
     rank = jnp.zeros_like(iota).at[table, order].set(rank_sorted, unique_indices=True)
@@ -533,19 +515,24 @@ def _move(t: BucketTables, rows: Array, new: Array, key: Array) -> BucketTables:
     return t._replace(slots=slots, row_bucket=row_bucket, row_slot=row_slot, sizes=sizes)
 
 
-def _sort_by_bucket(bucket: Array, buckets: int, key: Array) -> tuple[Array, Array]:
-    """Per row of bucket int32 [L, U] (values <= buckets): the sorted values and the positions they came
-    from, in random order within equal values. One sort of packed uint64 keys (bucket | noise | position),
-    XLA:CPU's fast single-array path (a sort with a payload calls a comparator per comparison)."""
-    u = bucket.shape[1]
-    pos_bits = max(1, (u - 1).bit_length())
-    code_bits = max(1, buckets.bit_length())
-    noise = _keyed_mix(key, bucket.shape) >> (32 - min(32, 64 - pos_bits - code_bits))
-    with jax.enable_x64(True):
-        u64 = jnp.uint64
-        packed = jnp.sort((bucket.astype(u64) << u64(64 - code_bits)) | (noise.astype(u64) << u64(pos_bits))
-                          | lax.broadcasted_iota(u64, bucket.shape, 1), axis=1)
-        return (packed >> u64(64 - code_bits)).astype(jnp.int32), (packed & u64((1 << pos_bits) - 1)).astype(jnp.int32)
+def _sort_in_random_order(values: Array, top: int, seeds: Array) -> tuple[Array, Array]:
+    """Per row of values int32 [L, U] (each in [0, top]): the values sorted, and the positions they came from,
+    in a random order within equal values: that of `_rank` of the position, one bijection per row (seeds uint32
+    [L, 1]). Both the tables' XLA grouping (values: bucket codes, positions: neuron ids) and a refile (the
+    arrivals' new buckets) sort this way.
+
+    One sort of a primitive array per row (XLA:CPU's std::sort path; a payload operand or a second key calls a
+    compiled comparator per comparison, several times slower): unique keys value | rank, 32 bits where they
+    fit, else 64; the position is the rank's inverse."""
+    id_bits = _id_bits(values.shape[1])
+    value_bits = max(1, top.bit_length())
+    rank = _rank(lax.broadcasted_iota(jnp.uint32, values.shape, 1), seeds, id_bits)
+    wide = value_bits + id_bits > 32
+    with jax.enable_x64(True) if wide else contextlib.nullcontext():  # JAX has uint64 only with x64 on
+        word = jnp.uint64 if wide else jnp.uint32
+        packed = jnp.sort((values.astype(word) << word(id_bits)) | rank.astype(word), axis=1)
+        positions = _unrank((packed & word((1 << id_bits) - 1)).astype(jnp.uint32), seeds, id_bits)
+        return (packed >> word(id_bits)).astype(jnp.int32), positions.astype(jnp.int32)
 
 
 def _nth(mask: Array, k: Array) -> Array:
