@@ -78,8 +78,8 @@ def batch_shared_candidates(
     Returns:
       ids int32 [M] (distinct, ascending, num_labels at the unfilled slots, which come last) and mask bool
       [M] (False at those slots; a slot stays unfilled only when too few draws are new: repeats, or ids
-      already chosen). Ascending ids make
-      the step's row gathers and scatters walk W and its moments in memory order.
+      already chosen). Ascending ids make the step's row gathers and scatters walk W and its moments in
+      memory order.
     """
     if min_count < 1:
         raise ValueError(f"min_count={min_count} must be >= 1")
