@@ -241,8 +241,8 @@ def test_retrieved_ids_tied_at_the_cut_are_a_random_subset():
 @functools.partial(jax.jit, static_argnums=(3, 4, 6))
 def full_array_top_k(labels, retrieved, key, num_candidates, num_labels, min_count, sampler):
     """The selection's definition, written over every label id: priorities in one [N + 1] array, one top_k
-    over all of it (what batch_shared_candidates did before it listed the ids; that top_k was 5x slower at 670k
-    labels). Returns the top_k's (priorities, ids)."""
+    over all of it (batch_shared_candidates compacts or ranks only the listed ids; a top_k over 670k labels is
+    several times slower). Returns the top_k's (priorities, ids)."""
     k_fill, k_tie = jax.random.split(key)
     score = jnp.zeros(num_labels + 1).at[retrieved.ravel()].add(1.0)
     score = jnp.where(score >= min_count, score, 0.0).at[labels.ravel()].set(jnp.inf)

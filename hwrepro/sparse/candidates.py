@@ -102,9 +102,10 @@ def batch_shared_candidates(
     first = jnp.full(num_labels + 1, position.size, jnp.int32).at[everything].min(claims)
     owns = first[everything] == claims
     chosen, drawn = owns[:listed.size] & qualifies, owns[listed.size:]  # each id once; the fill in draw order
+    num_chosen = jnp.sum(chosen, dtype=jnp.int32)
 
     def compact(_) -> jax.Array:  # the chosen all fit: they, then the first draws that fit
-        take = drawn & (jnp.cumsum(drawn, dtype=jnp.int32) <= num_candidates - jnp.sum(chosen, dtype=jnp.int32))
+        take = drawn & (jnp.cumsum(drawn, dtype=jnp.int32) <= num_candidates - num_chosen)
         keep = jnp.concatenate([chosen, take])
         at = jnp.where(keep, jnp.cumsum(keep, dtype=jnp.int32) - 1, num_candidates)
         return jnp.full(num_candidates, num_labels, jnp.int32).at[at].set(everything, mode="drop")
@@ -120,7 +121,7 @@ def batch_shared_candidates(
         top, at = jax.lax.top_k(priority, num_candidates)
         return jnp.where(top > 0, everything[at], num_labels)
 
-    ids = jnp.sort(jax.lax.cond(jnp.sum(chosen) <= num_candidates, compact, rank, None))
+    ids = jnp.sort(jax.lax.cond(num_chosen <= num_candidates, compact, rank, None))
     return ids, ids < num_labels
 
 
