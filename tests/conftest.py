@@ -7,8 +7,10 @@ a whole config trained; and experiment-level bit identity); plain `pytest` runs 
 
 import contextlib
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,33 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+
+
+# --- one XLA compilation cache for the session ---------------------------------------------------------------
+
+_CACHE_ENV = "JAX_COMPILATION_CACHE_DIR"
+
+
+def pytest_configure(config):
+    """Points JAX's persistent compilation cache at a fresh folder for this session, through the environment, so
+    the xdist workers and every run the tests launch (each a fresh process) share it: the same program compiled
+    in another launch of the same config (a sweep's seeds, a resumed run, the many tiny runs) is read back, not
+    compiled again. The cache key holds the XLA flags, the compile options (most optimizations off or on
+    included), the JAX version and the devices, so a run reads only an executable XLA would have built for it
+    again. Left alone when the caller set a cache; removed at the end by the process that made it."""
+    if _CACHE_ENV in os.environ or hasattr(config, "workerinput"):
+        return
+    config._hwrepro_xla_cache = tempfile.mkdtemp(prefix="hwrepro-tests-xla-cache-")
+    os.environ.update({_CACHE_ENV: config._hwrepro_xla_cache,
+                       "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",  # the tiny runs' programs compile fast
+                       "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"})
+
+
+def pytest_unconfigure(config):
+    folder = getattr(config, "_hwrepro_xla_cache", None)
+    if folder:
+        shutil.rmtree(folder, ignore_errors=True)
+        del os.environ[_CACHE_ENV]
 
 
 def _launch_env() -> dict[str, str]:

@@ -165,7 +165,7 @@ def load_fashion_mnist(config) -> ImageSplits:
 
 def synthetic(seed: int, num_train: int = 60_000, num_test: int = 10_000) -> ImageSplits:
     """Digit-like 28x28 images: ten stroke prototypes, each drawn in 16 jittered variants, then shifted,
-    scaled in intensity and noised per image. Deterministic per seed; a few seconds for 70,000 images.
+    scaled in intensity and noised per image. Deterministic per seed; about a second for 70,000 images.
 
     Not MNIST, but it has what the autoencoder study needs: class structure, strokes on a dark background,
     pixel statistics in [0, 255], and reconstruction that is learnable and not trivial.
@@ -183,17 +183,19 @@ def synthetic(seed: int, num_train: int = 60_000, num_test: int = 10_000) -> Ima
     d2 = ((yy[None, None, None] - centres[..., 0, None, None]) ** 2 +
           (xx[None, None, None] - centres[..., 1, None, None]) ** 2)
     strokes = np.exp(-d2 / (2 * 1.1 ** 2)).max(axis=2).astype(np.float32)  # [10, V, 36, 36]
+    windows = np.lib.stride_tricks.sliding_window_view(strokes, (28, 28), axis=(2, 3))  # [10, V, 9, 9, 28, 28]
 
     def draw(n):
         labels = rng.integers(0, 10, n).astype(np.int32)
         variant = rng.integers(0, variants, n)
         dy, dx = rng.integers(0, 9, n), rng.integers(0, 9, n)    # shift = crop offset in the 36x36 canvas
-        rows = dy[:, None] + np.arange(28)[None]
-        cols = dx[:, None] + np.arange(28)[None]
-        imgs = strokes[labels[:, None, None], variant[:, None, None], rows[:, :, None], cols[:, None, :]]
+        imgs = windows[labels, variant, dy, dx]                  # [n, 28, 28], a copy
         imgs *= rng.uniform(0.7, 1.0, (n, 1, 1)).astype(np.float32)
-        imgs += 0.03 * rng.standard_normal(imgs.shape, dtype=np.float32)
-        return np.clip(imgs * 255, 0, 255).astype(np.uint8), labels
+        noise = rng.standard_normal(imgs.shape, dtype=np.float32)
+        noise *= 0.03
+        imgs += noise
+        imgs *= 255
+        return np.clip(imgs, 0, 255, out=imgs).astype(np.uint8), labels
 
     train = draw(num_train)
     test = draw(num_test)
