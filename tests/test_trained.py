@@ -99,7 +99,7 @@ def test_init_from_starts_from_a_finished_run_and_refuses_another_shape(autoenco
         runner.run_here(c, tmp_path / "refused", quiet=True)
     assert [p.name for p in (tmp_path / "refused").iterdir()] == [".lock"]
     for missing in (tmp_path / "nowhere", tmp_path / "refused"):
-        with pytest.raises(ConfigError, match="train.init_from=.* (does not exist|is not a finished run)"):
+        with pytest.raises(ConfigError, match="train.init_from=.*: .* (is not a run folder|holds an unfinished run)"):
             runner.validate(tiny_autoencoder(init_from=str(missing)))
 
 

@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from hwrepro.errors import HwreproError, RunFailed
+from hwrepro.errors import HwreproError, ModelError, RunFailed
 from hwrepro.harness import parallel
 from hwrepro.harness.events import EVENTS_DIR, EventLog
 
@@ -195,6 +195,24 @@ def status_of(workdir: Path) -> str | None:
         return read_json(Path(workdir) / "run.json").get("status")
     except (OSError, ValueError):
         return None
+
+
+def model_folder(workdir: Path) -> Path:
+    """workdir/model/ of a finished run that kept its model (hwrepro.harness.trained); ModelError, one line,
+    naming why not. No JAX: the launcher checks train.init_from with it before any process imports JAX."""
+    workdir = Path(workdir)
+    if not (workdir / "run.json").is_file():
+        raise ModelError(f"{workdir} is not a run folder (no run.json)")
+    status = status_of(workdir)
+    if status != "done":
+        raise ModelError(f"{workdir} holds an unfinished run (status {status!r}): only a finished run keeps a model")
+    folder = workdir / MODEL_DIR
+    if not folder.is_dir():
+        kept = read_json(workdir / CONFIG_FILE).get("train", {}).get("keep_model", True)
+        why = ("it was trained with train.keep_model=False" if not kept
+               else "it was written by an hwrepro that kept no models")
+        raise ModelError(f"{workdir} keeps no model ({folder} is missing): {why}")
+    return folder
 
 
 def refuse_finished(workdir: Path) -> None:

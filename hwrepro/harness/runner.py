@@ -22,7 +22,7 @@ from typing import Any
 import ml_collections
 
 from hwrepro import experiments
-from hwrepro.errors import ConfigError, HwreproError, PlatformUnavailable, RunFailed
+from hwrepro.errors import ConfigError, HwreproError, ModelError, PlatformUnavailable, RunFailed
 from hwrepro.harness import interrupts, numerics, parallel
 
 EXIT_DONE, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_SKIPPED = 0, 1, 2, 3
@@ -58,13 +58,10 @@ def _check_init_from(workdir: str) -> None:
     (before any data is read; the shapes are checked against the run's own by trained.load_params)."""
     from hwrepro.harness import records
 
-    path = Path(workdir)
-    status = records.status_of(path)
-    what = ("does not exist" if not path.exists() else "is not a finished run" if status != "done"
-            else "keeps no model" if not (path / records.MODEL_DIR).is_dir() else None)
-    if what:
-        raise ConfigError(f"train.init_from={workdir!r} {what}: it must name the workdir of a finished run that "
-                          "kept its model (train.keep_model)")
+    try:
+        records.model_folder(Path(workdir))
+    except ModelError as e:
+        raise ConfigError(f"train.init_from={workdir!r}: {e}") from None
 
 
 def experiment(config: ml_collections.ConfigDict) -> ModuleType:
@@ -91,9 +88,9 @@ def run_here(config: ml_collections.ConfigDict, workdir: Path, quiet: bool = Fal
     Numerics are applied only if JAX is not imported yet; otherwise the run goes ahead with the process's
     current settings, and run.json says so (`numerics_applied.before_jax: false`). The workdir is locked for
     the run (WorkdirBusy if another run owns it), and its records are touched only once the experiment has
-    checked the config; an unfinished run of the same config resumes from its last checkpoint. `locked`: the launching process
-    holds the workdir's lock for this one (a child process). SIGINT / SIGTERM / SIGHUP stop the run cleanly
-    (interrupts.Interrupted).
+    checked the config; an unfinished run of the same config resumes from its last checkpoint. `locked`: the
+    launching process holds the workdir's lock for this one (a child process). SIGINT / SIGTERM / SIGHUP stop
+    the run cleanly (interrupts.Interrupted).
     """
     from hwrepro.harness import records
 

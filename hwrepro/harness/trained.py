@@ -112,17 +112,8 @@ def load(workdir: str | os.PathLike) -> Trained:
     """The model a finished run kept in `workdir` (module docstring); ModelError, one line, when there is none
     usable."""
     workdir = Path(workdir)
-    if not (workdir / "run.json").is_file():
-        raise ModelError(f"{workdir} is not a run folder (no run.json)")
-    status = records.status_of(workdir)
-    if status != "done":
-        raise ModelError(f"{workdir} holds an unfinished run (status {status!r}): only a finished run keeps a model")
+    folder = records.model_folder(workdir)
     config = ml_collections.ConfigDict(records.read_json(workdir / records.CONFIG_FILE))
-    folder = workdir / MODEL_DIR
-    if not folder.is_dir():
-        why = ("it was trained with train.keep_model=False" if not config.train.get("keep_model", True)
-               else "it was written by an hwrepro that kept no models")
-        raise ModelError(f"{workdir} keeps no model ({folder} is missing): {why}")
     try:
         info = records.read_json(folder / "model.json")
     except (OSError, ValueError) as e:
