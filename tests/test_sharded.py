@@ -322,6 +322,8 @@ def test_launch_with_two_model_shards_matches_the_single_device_run(tmp_path, ru
     assert scores(processes) == scores(two) and "test_P@1" in scores(two)
     workdir = tmp_path / "lshprocesses"
     assert json.loads((workdir / "process-1" / "final.json").read_text())["param_sha256"] == two["param_sha256"]
+    own = (workdir / "process-1" / "report.html").read_text()  # process 1's record has its own report
+    assert two["param_sha256"] in own and f"<code>{workdir / 'process-1'}</code></td>" in own
     run = json.loads((workdir / "run.json").read_text())
     assert run["parallel"]["process_count"] == 2 and run["parallel"]["cpu_collectives"] == "gloo"
     assert (workdir / "process-0" / "output.txt").stat().st_size > 0
