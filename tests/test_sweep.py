@@ -347,6 +347,32 @@ def test_hessian_means_over_seeds_and_negative_curvature_sentence(hand):
         assert (hand["workdir"] / png).read_bytes()[:8] == PNG_MAGIC
 
 
+def test_divergence_plot_of_runs_without_snapshots_says_so_and_keeps_its_legend(tmp_path):
+    """Loss curves but no trajectory.npz (train.checkpoints=0): the parameter panel says why it is empty and the
+    legend goes to the loss panel (matplotlib warned of a legend with nothing in it)."""
+    import warnings
+
+    from hwrepro.study.report import figures
+
+    points = [_fake_run(tmp_path, f"cfg={c},seed=0", c, 0, 1.0, f"sha-{c}",
+                        [{"step": 5, "loss": first}, {"step": 10, "loss": last}])
+              for c, first, last in (("ref", 0.5, 0.4), ("b", 0.6, 0.7))]
+    records.write_json_atomic(tmp_path / "sweep.json", {
+        "experiment": "autoencoder", "name": "no-snapshots", "base_config": {}, "group_over": ["seed"],
+        "report": {"metric": "test_loss", "reference": "cfg=ref", "curve": "loss"}, "points": points, "shard": None})
+    sweep_data = report.load(tmp_path)
+    a = report.analyse(sweep_data)
+    assert a.divergences and not any(d.rel_distance.size for d in a.divergences)
+    plt = figures._pyplot()
+    fig, (params, losses) = plt.subplots(1, 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        figures._plot_divergence(params, losses, sweep_data, a, figures._colors(sweep_data.configurations))
+    assert params.get_legend() is None and "no parameter snapshots" in params.texts[0].get_text()
+    assert [t.get_text() for t in losses.get_legend().get_texts()] == ["cfg=b"]
+    plt.close(fig)
+
+
 def test_report_of_a_folder_without_a_sweep_is_one_error_line(tmp_path, capsys):
     assert report.main([str(tmp_path)]) == 2
     err = capsys.readouterr().err

@@ -93,7 +93,12 @@ def _plot_divergence(ax1, ax2, sweep: Sweep, a: Analysis, colors) -> None:
     ax1.set(xlabel="step", ylabel="||θ − θ_ref|| / ||θ_ref||",
             title="parameter distance to reference (mean over seeds)")
     ax2.set(xlabel="step", ylabel=f"|Δ {a.curve_key}|", title=f"{a.curve_key} difference (mean over seeds)")
-    ax1.legend(fontsize=6)
+    if not dists:  # runs without parameter snapshots: the empty panel says so
+        ax1.text(0.5, 0.5, "no parameter snapshots in these runs\n(train.checkpoints = 0)", ha="center",
+                 va="center", transform=ax1.transAxes, fontsize=9, color="0.4")
+    with_lines = [ax for ax in (ax1, ax2) if ax.get_legend_handles_labels()[0]]
+    if with_lines:  # one legend, on the first panel that has curves
+        with_lines[0].legend(fontsize=6)
 
 
 def _plot_hessian(ax1, ax2, a: Analysis, colors) -> None:
