@@ -1,6 +1,6 @@
 """A finished run's model: kept in its workdir by `save`, given back by `load`.
 
-    model = hwrepro.load("runs/slide_amazon-...")       # in any process, on one device
+    model = hwrepro.load("runs/lsh_amazon670k-...")     # in any process, on one device
     scores, ids = model.predict(batch)                   # SLIDE: top-5 labels, dense-scored
     scores, ids = model.predict(batch, k=10, lsh=True)   # LSH-scored (inference tables rebuilt, deterministically)
 
