@@ -392,7 +392,7 @@ def test_every_method_learns_a_tiny_problem(name):
         assert ids.shape == (256, 5) and np.all((ids >= -1) & (ids < N))
 
 
-@pytest.mark.parametrize("name", ["lsh", "lsh_per_example"])
+@pytest.mark.parametrize("name", ["lsh", pytest.param("lsh_per_example", marks=pytest.mark.slow)])
 def test_incremental_tables_follow_the_rows_each_step_changed(name, batch):
     # Tables of buckets large enough never to overflow: after refile they hold what a full build would.
     per_step = sparse.changed_rows_per_step("per_example" if name == "lsh_per_example" else "shared",
