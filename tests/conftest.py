@@ -35,17 +35,18 @@ def pytest_configure(config):
     again. Left alone when the caller set a cache; removed at the end by the process that made it."""
     if _CACHE_ENV in os.environ or hasattr(config, "workerinput"):
         return
-    config._hwrepro_xla_cache = tempfile.mkdtemp(prefix="hwrepro-tests-xla-cache-")
-    os.environ.update({_CACHE_ENV: config._hwrepro_xla_cache,
-                       "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",  # the tiny runs' programs compile fast
-                       "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"})
+    config._hwrepro_xla_cache = {_CACHE_ENV: tempfile.mkdtemp(prefix="hwrepro-tests-xla-cache-"),
+                                 "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",  # tiny runs compile fast
+                                 "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+    os.environ.update(config._hwrepro_xla_cache)
 
 
 def pytest_unconfigure(config):
-    folder = getattr(config, "_hwrepro_xla_cache", None)
-    if folder:
-        shutil.rmtree(folder, ignore_errors=True)
-        del os.environ[_CACHE_ENV]
+    settings = getattr(config, "_hwrepro_xla_cache", None)
+    if settings:
+        shutil.rmtree(settings[_CACHE_ENV], ignore_errors=True)
+        for name in settings:
+            del os.environ[name]
 
 
 def _launch_env() -> dict[str, str]:
