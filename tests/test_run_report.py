@@ -80,6 +80,20 @@ def test_html_of_a_folder_that_is_not_a_run_is_one_line_exit_2(tmp_path, capsys)
     assert err == f"error: {tmp_path / 'empty'} is not a run folder (no readable run.json)\n"
 
 
+def test_the_report_commands_bad_paths_are_one_line_exit_2(tmp_path, capsys):
+    a = _slide_like(tmp_path / "a", "a", (0.1, 0.2, 0.3), 0.1)
+    no_run_json = tmp_path / "m"
+    no_run_json.mkdir()
+    (no_run_json / "metrics.jsonl").write_text('{"step": 1, "eval_P@1": 0.5}\n')
+    for argv, message in [
+            (["--html", str(a), str(a), "--out", str(tmp_path / "no" / "x.html")], "cannot write"),
+            (["--time-to-accuracy", str(tmp_path / "p.png"), str(no_run_json)], "not a run folder"),
+            (["--time-to-accuracy", str(tmp_path / "no" / "p.png"), str(a)], "No such file or directory")]:
+        assert report.main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and message in err and err.count("\n") == 1, err
+
+
 def _slide_like(workdir, name, p_at_1, seconds_per_step):
     rows = [{"step": s, "seconds": s * seconds_per_step + 1, "train_seconds": s * seconds_per_step, "loss": 1 / s,
              "eval_P@1": p} for s, p in zip((10, 20, 30), p_at_1)]

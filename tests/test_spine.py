@@ -2,7 +2,6 @@
 
 import gzip
 import json
-import time
 import struct
 import sys
 
@@ -180,8 +179,9 @@ def test_prepare_moves_an_unfinished_run_aside(tmp_path):
     aside = [p for p in tmp_path.iterdir() if p.name.startswith("previous-")]
     assert len(aside) == 1 and (aside[0] / "run.json").exists() and not (tmp_path / "run.json").exists()
     (tmp_path / "run.json").write_text(json.dumps({"status": "running"}))  # its process was killed
-    time.sleep(1.1)  # another previous-<time> folder
-    Run.prepare(tmp_path, {"seed": 0})
+    (tmp_path / "metrics.jsonl").write_text('{"step": 2}\n')
+    Run.prepare(tmp_path, {"seed": 0})  # most likely within the same second: a folder of its own all the same
+    assert sorted((p / "metrics.jsonl").read_text() for p in tmp_path.glob("previous-*")) == ['{"step": 2}\n', "{}\n"]
     statuses = sorted(json.loads((p / "run.json").read_text())["status"] for p in tmp_path.glob("previous-*"))
     assert statuses == ["failed: x", "interrupted: its process ended without recording how (moved aside)"]
     (tmp_path / "run.json").write_text(json.dumps({"status": "done"}))

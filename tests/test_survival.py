@@ -208,6 +208,19 @@ def test_a_checkpoint_of_another_state_is_refused_in_one_line_and_kept(tmp_path)
     assert float(run({"w": jnp.zeros(3)}, 30)["w"][0]) == 30  # the right state still resumes from it
 
 
+def test_a_resume_drops_metrics_lines_after_its_step_and_lines_that_do_not_parse(tmp_path):
+    rec = Run.start(tmp_path, {"name": "toy"}, {}, quiet=True)
+    for step in (5, 10, 15):
+        rec.log(step, loss=1.0)
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write("{not json}\n")
+    rec.rewind(10)
+    rec.log(15, loss=2.0)
+    rec.close()
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["loss"]) for r in rows] == [(5, 1.0), (10, 1.0), (15, 2.0)]
+
+
 def test_a_signal_in_the_loop_checkpoints_then_interrupts(tmp_path):
     import jax.numpy as jnp
 
@@ -220,9 +233,62 @@ def test_a_signal_in_the_loop_checkpoints_then_interrupts(tmp_path):
     with interrupts.catch_signals(), pytest.raises(interrupts.Interrupted) as e:
         fit({"w": jnp.float32(0.0)}, step, iter(range(1, 100)), num_steps=50, examples_per_step=1, rec=rec,
             log_every=20, checkpoint_every=20)
-    assert e.value.status == ("interrupted: SIGTERM at step 7 of 50; checkpoint saved, rerun the same command "
-                              "to resume")
+    assert e.value.status == (f"interrupted: SIGTERM at step 7 of 50; checkpoint saved, the same command with "
+                              f"--workdir={tmp_path} resumes it")
     assert checkpoint_steps(tmp_path) == [7]
+
+
+def test_a_signal_during_the_last_steps_evaluation_checkpoints_then_interrupts_and_resumes(tmp_path):
+    import jax.numpy as jnp
+
+    def step(state, batch):
+        return {"w": state["w"] + 1.0}, {"loss": jnp.float32(1.0)}
+
+    def evaluate(state):  # the signal comes after the loop read its pending signals for the last step
+        if float(state["w"]) == 10 and not evaluated:
+            os.kill(os.getpid(), signal.SIGTERM)
+        evaluated.append(float(state["w"]))
+        return {"w": float(state["w"])}
+
+    def run():
+        rec = Run.start(tmp_path, {"name": "toy"}, {}, quiet=True)
+        return fit({"w": jnp.float32(0.0)}, step, iter(range(1, 100)), num_steps=10, examples_per_step=1,
+                   rec=rec, log_every=5, checkpoint_every=20, eval_fn=evaluate)
+
+    evaluated = []
+    with interrupts.catch_signals(), pytest.raises(interrupts.Interrupted, match="SIGTERM at step 10 of 10"):
+        run()
+    assert checkpoint_steps(tmp_path) == [10]
+    with interrupts.catch_signals():
+        assert float(run()["w"]) == 10  # resumed at the end: no step again
+
+
+def test_a_signal_the_loop_never_acted_on_raises_when_it_ends():
+    with interrupts.catch_signals(), pytest.raises(interrupts.Interrupted, match="SIGHUP"):
+        with interrupts.at_step_boundary():
+            os.kill(os.getpid(), signal.SIGHUP)
+            assert interrupts.pending() == "SIGHUP"  # deferred, not raised, inside
+    assert interrupts.pending() is None
+
+
+def test_evaluations_run_every_eval_every_steps_whatever_log_every_is(tmp_path):
+    import jax.numpy as jnp
+
+    rec = Run.start(tmp_path, {"name": "toy"}, {}, quiet=True)
+    fit({"w": jnp.float32(0.0)}, lambda s, b: ({"w": s["w"] + 1.0}, {"loss": jnp.float32(1.0)}),
+        iter(range(1, 100)), num_steps=10, examples_per_step=1, rec=rec, log_every=5, eval_every=3,
+        eval_fn=lambda s: {"w": float(s["w"])})
+    rec.close()
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r.get("eval_w")) for r in rows] == [(3, 3.0), (5, None), (6, 6.0), (9, 9.0), (10, 10.0)]
+
+
+def test_bfloat16_parameters_are_checked_for_non_finite_values():
+    import jax.numpy as jnp
+
+    params = {"w": jnp.array([1.0, float("nan")], jnp.bfloat16), "b": jnp.ones(2, jnp.bfloat16),
+              "ids": jnp.array([1, 2])}
+    assert records.nonfinite_leaves(params) == ["['w']"]
 
 
 # --- records ------------------------------------------------------------------------------------------------

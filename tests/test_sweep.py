@@ -91,6 +91,24 @@ def test_study_sweeps_expand_to_cpu_grid_and_gpu_points(name):
 def test_configuration_name_of_a_cut_name_uses_whole_fields():
     point = grid.Point("x" * 188 + "-0123456789ab", {"model.width": 3, "seed": 1})
     assert sweep.configuration_name(point) == "model.width=3"
+    # Cut inside its last pair, a name keeps one part per override, and the hash of the whole, seed included.
+    overrides = {"seed": 0, "a": "x" * 60, "b": "y" * 150}
+    names = {sweep.configuration_name(grid.Point(grid.point_name(dict(overrides, seed=s), {f: f for f in overrides}),
+                                                 dict(overrides, seed=s))) for s in (0, 1)}
+    assert names == {grid.point_name({"a": "x" * 60, "b": "y" * 150}, {"a": "a", "b": "b"})}
+
+
+def test_a_sweep_of_multi_process_points_and_a_shard_of_no_sweep_are_refused(tmp_path):
+    from configs.autoencoder_mnist import get_config
+    from hwrepro.harness import launcher
+
+    config = get_config()
+    with pytest.raises(ConfigError, match=r"^--shard=1/2: only a sweep is split into shards"):
+        launcher.launch(config, str(tmp_path / "a"), "1/2")
+    config.sweep = {"points": [{"seed": 0}, {"seed": 1, "parallel.processes": 2}]}
+    with pytest.raises(ConfigError, match=r"^parallel.processes=2 \(point seed=1,processes=2\): a sweep runs"):
+        launcher.launch(config, str(tmp_path / "b"))
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
 # --- a tiny real sweep, run as a user would: interrupt, resume, failure, GPU skipped ----------------------
@@ -140,7 +158,7 @@ def test_ctrl_c_records_the_running_point_as_interrupted(tiny):
     assert i["seen_running"], f"the first point never showed as running: {i['out']}\n{i['err']}"
     assert i["code"] != 0
     assert i["status"].startswith("interrupted: SIGINT")  # the point's process recorded it itself
-    assert "interrupted" in i["out"] and "rerun the same command to resume" in i["out"]
+    assert "interrupted" in i["out"] and f"the same command with --workdir={tiny['workdir']} resumes it" in i["out"]
     assert i["others"] == []  # nothing after the interrupted point ran
 
 
@@ -282,6 +300,16 @@ def hand(tmp_path_factory):
         "points": points, "shard": None})
     path = report.write_report(workdir)
     return dict(workdir=workdir, text=path.read_text(), sweep=report.load(workdir))
+
+
+def test_the_header_counts_an_interrupted_point_as_unfinished(tmp_path):
+    points = [_fake_run(tmp_path, "cfg=a,seed=0", "a", 0, 1.0, "sha-0"),
+              _fake_run(tmp_path, "cfg=a,seed=1", "a", 1, None, "sha-1", status="interrupted: SIGTERM at step 3")]
+    records.write_json_atomic(tmp_path / "sweep.json", {
+        "experiment": "autoencoder", "name": "cut", "base_config": {}, "report": {"metric": "test_loss"},
+        "group_over": ["seed"], "points": points, "shard": None})
+    text = report.write_report(tmp_path).read_text()
+    assert "1 done, 0 failed, 0 skipped, 1 not run or unfinished (interrupted included)." in text
 
 
 def test_final_statistics_match_hand_computed_values(hand):

@@ -77,8 +77,11 @@ def test_damaged_or_foreign_model_files_are_refused_in_one_line(autoencoder_run,
     running = copy("running")
     run = json.loads((running / "run.json").read_text())
     (running / "run.json").write_text(json.dumps(dict(run, status="running")))
+    no_final = copy("no_final")
+    (no_final / "final.json").unlink()
     cases = [(cut, "damaged"), (tmp_path / "flipped", "damaged"), (foreign, "model format 2, this hwrepro (0.1.0) reads format 1"),
-             (running, "unfinished run (status 'running')"), (tmp_path / "nothing", "not a run folder")]
+             (running, "unfinished run (status 'running')"), (tmp_path / "nothing", "not a run folder"),
+             (no_final, "holds no final.json")]
     for folder, message in cases:
         with pytest.raises(ModelError) as e:
             hwrepro.load(folder)

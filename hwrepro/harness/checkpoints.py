@@ -49,7 +49,7 @@ class Checkpoints:
         leaves are copied. Refuses (RunFailed) a state with a non-finite parameter: never keep a broken one."""
         leaves = [_copy(leaf) for leaf in jax.tree_util.tree_leaves(state)]
         for leaf in leaves:
-            if np.issubdtype(leaf.dtype, np.floating) and not _finite(leaf):
+            if jax.numpy.issubdtype(leaf.dtype, jax.numpy.floating) and not _finite(leaf):  # bfloat16 too
                 raise RunFailed(f"a non-finite value in the training state at step {step}; not checkpointed")
         self._manager.wait_until_finished()  # one write at a time: the previous one must be complete first
         args = self._ocp.args.Composite(state=self._ocp.args.PyTreeSave({str(i): x for i, x in enumerate(leaves)}),

@@ -10,6 +10,9 @@ from __future__ import annotations
 import importlib.util
 import os
 
+from collections.abc import Mapping
+from typing import Any
+
 import ml_collections
 
 
@@ -87,3 +90,13 @@ def load_config_file(path: str | os.PathLike) -> ml_collections.ConfigDict:
     if not hasattr(module, "get_config"):
         raise AttributeError(f"{path} defines no get_config()")
     return module.get_config()
+
+
+def dotted_fields(mapping: Any, prefix: str = "") -> dict[str, Any]:
+    """{'group.field': value} of a nested config, dict or mapping, leaves only, in its iteration order."""
+    out = {}
+    for key, value in mapping.items():
+        field = f"{prefix}{key}"
+        out.update(dotted_fields(value, field + ".") if isinstance(value, (Mapping, ml_collections.ConfigDict))
+                   else {field: value})
+    return out

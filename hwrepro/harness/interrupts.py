@@ -4,7 +4,7 @@ In the training process, `catch_signals()` turns each of them into `Interrupted`
 signal is deferred to the end of the current step (`at_step_boundary`), where the loop saves a checkpoint
 and raises; anywhere else (data loading, final evaluation) it raises at once. A second signal while one is
 pending raises at once too, so a run can always be stopped. The run record then says `interrupted: ...`,
-and rerunning the same command resumes from the last checkpoint.
+and rerunning the same command (with the same --workdir) resumes from the last checkpoint.
 """
 
 from __future__ import annotations
@@ -61,12 +61,15 @@ def catch_signals() -> Iterator[None]:
 
 @contextlib.contextmanager
 def at_step_boundary() -> Iterator[None]:
-    """A signal arriving inside is kept for `pending()` (the loop's next step boundary) instead of raised."""
+    """A signal arriving inside is kept for `pending()` (the loop's next step boundary) instead of raised; one
+    still pending when the block ends without raising (the loop never acted on it) raises then."""
     _deferring[0] = True
     try:
         yield
     finally:
         _deferring[0] = False
+    if _pending:
+        raise Interrupted(_pending.pop())
 
 
 def pending() -> str | None:

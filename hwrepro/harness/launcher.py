@@ -5,7 +5,6 @@ parallel.processes > 1, that many local processes, or this task's one under Slur
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import time
 from pathlib import Path
@@ -13,7 +12,7 @@ from pathlib import Path
 import ml_collections
 
 from hwrepro.errors import ConfigError
-from hwrepro.harness import numerics, parallel, process, runner
+from hwrepro.harness import numerics, parallel, process, records, runner
 
 
 def default_workdir(config: ml_collections.ConfigDict) -> Path:
@@ -27,11 +26,13 @@ def launch(config: ml_collections.ConfigDict, workdir: str | None = None, shard:
         from hwrepro.study import sweep
 
         return sweep.run_sweep(config, workdir, shard)
+    if shard:
+        raise ConfigError(f"--shard={shard}: only a sweep is split into shards, and this config has no sweep")
     if config.get("parallel") and config.parallel.processes > 1:
         runner.validate(config)
         task = parallel.cluster()
         if task is None:  # one machine: this process starts them all
-            return _exit_code(process.run_processes(config, workdir))
+            return _exit_code(process.run_processes(config, workdir), workdir)
         if task.count != config.parallel.processes:
             raise ConfigError(f"parallel.processes={config.parallel.processes} but this allocation has {task.count} "
                               "tasks")
@@ -40,7 +41,7 @@ def launch(config: ml_collections.ConfigDict, workdir: str | None = None, shard:
         os.environ[parallel.PROCESS_ENV] = task.env()
     if "jax" in sys.modules or numerics.needs_fresh_process(config.numerics) or parallel.place():
         runner.validate(config)  # the shared fields, here; the child checks the experiment's own
-        return _exit_code(process.run_in_child(config, workdir))
+        return _exit_code(process.run_in_child(config, workdir), workdir)
     runner.print_final(runner.run_here(config, workdir))
     return runner.EXIT_DONE
 
@@ -54,7 +55,6 @@ def predict(workdir: str, path: str, output: str, k: int = 5, lsh: bool = False,
     command line, run again in a child process when the numerics' allocator settings must be there from the
     start (as a run's are)."""
     from hwrepro.errors import DataError, ModelError
-    from hwrepro.harness import records
 
     if k <= 0:
         raise ConfigError(f"--k={k} must be positive")
@@ -87,10 +87,10 @@ def predict(workdir: str, path: str, output: str, k: int = 5, lsh: bool = False,
     return runner.EXIT_DONE
 
 
-def _exit_code(code: int) -> int:
+def _exit_code(code: int, workdir: Path) -> int:
     """A child's exit code as the launcher's, saying how to resume when the child was killed."""
     if code < 0:
-        print(f"error: the run's process was killed by {signal.Signals(-code).name}; rerun the same command to "
-              "resume from its last checkpoint", file=sys.stderr)
+        print(f"error: the run's process {process.exit_reason(code)}; {records.resume_hint(workdir)} from its last "
+              "checkpoint", file=sys.stderr)
         return runner.EXIT_FAILED
     return code

@@ -8,6 +8,7 @@ between, so JAX's asynchronous dispatch keeps the host ahead of the computation.
 from __future__ import annotations
 
 import contextlib
+import copy
 import itertools
 import math
 import time
@@ -21,7 +22,7 @@ from hwrepro.errors import RunFailed
 from hwrepro.harness import interrupts, parallel
 from hwrepro.harness.checkpoints import Checkpoints
 from hwrepro.harness.progress import Progress
-from hwrepro.harness.records import CHECKPOINT_DIR, Run
+from hwrepro.harness.records import CHECKPOINT_DIR, Run, resume_hint
 from hwrepro.harness.timing import activity_seconds, loop_fields, timed
 
 
@@ -95,7 +96,8 @@ def fit(state: Any,
     window_start, window_steps, acc = time.time(), 0, None
 
     def save(step: int, state: Any) -> None:
-        ckpt.save(step, state, {"train_seconds": train_seconds, "spent": spent, "experiment": host})
+        # Copies: orbax writes the JSON in a background thread while the loop goes on updating these dicts.
+        ckpt.save(step, state, copy.deepcopy({"train_seconds": train_seconds, "spent": spent, "experiment": host}))
 
     try:
         with interrupts.at_step_boundary():
@@ -115,7 +117,8 @@ def fit(state: Any,
                 snapshot = snapshot_fn is not None and snapshot_every > 0 and (step % snapshot_every == 0 or last)
                 # Not after the last step (the run is about to end), unless a signal stops it there.
                 checkpoint = ckpt is not None and (stop is not None or (not last and step % checkpoint_every == 0))
-                if not (step % log_every == 0 or last or snapshot or checkpoint or stop):
+                evaluate = eval_fn is not None and (last or bool(eval_every and step % eval_every == 0))
+                if not (step % log_every == 0 or last or snapshot or checkpoint or stop or evaluate):
                     continue
                 means = {k: float(v) / window_steps for k, v in jax.device_get(acc).items()}
                 loss = means.get("loss")
@@ -129,8 +132,7 @@ def fit(state: Any,
                     row["epoch"] = step / steps_per_epoch
                 row["examples_per_s"] = window_steps * examples_per_step / max(elapsed, 1e-9)
                 row["train_seconds"] = train_seconds
-                evaluated = eval_fn is not None and (last or bool(eval_every and step % eval_every == 0))
-                if evaluated:
+                if evaluate:
                     with timed(spent, "evaluation_seconds"):
                         row.update({f"eval_{k}": v for k, v in eval_fn(state).items()})
                 if snapshot:
@@ -138,15 +140,18 @@ def fit(state: Any,
                         row.update(snapshot_fn(step, state))
                 row.update(loop_fields(spent, host))
                 rec.log(step, **row)
+                if last and stop is None and not several:  # a signal that came during the last step's work
+                    stop = interrupts.pending()
+                    checkpoint = ckpt is not None and stop is not None
                 if checkpoint:
                     with timed(spent, "checkpoint_seconds"):
                         save(step, state)
                 shown = {k: v for k, v in row.items() if k in ("loss", "epoch") or k.startswith("eval_")}
                 # evaluations always print
-                progress.update(step, force=last or evaluated, seconds=activity_seconds(row), **shown)
+                progress.update(step, force=last or evaluate, seconds=activity_seconds(row), **shown)
                 if stop is not None:
                     raise interrupts.Interrupted(stop, f" at step {step} of {num_steps}" + (
-                        "; checkpoint saved, rerun the same command to resume" if ckpt else ""))
+                        f"; checkpoint saved, {resume_hint(rec.workdir)}" if ckpt else ""))
                 window_start, window_steps, acc = time.time(), 0, None
     finally:
         if ckpt is not None:

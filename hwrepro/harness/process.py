@@ -34,7 +34,7 @@ from typing import Iterator
 
 import ml_collections
 
-from hwrepro.errors import ConfigError, HwreproError
+from hwrepro.errors import ConfigError, HwreproError, RunFailed
 from hwrepro.harness import interrupts, numerics, parallel, records, runner
 
 _PARENT_ENV = "HWREPRO_PARENT_PID"
@@ -59,7 +59,7 @@ def run_in_child(config: ml_collections.ConfigDict, workdir: Path, stdout=None, 
         # Only a record the child opened (an earlier run's stays as it was until the child's Run.prepare).
         if code < 0 and records.record_stamp(workdir) != stamp and records.status_of(workdir) == "running":
             records.set_status(workdir, f"failed: killed by {signal.Signals(-code).name} before it could record "
-                                        "how it ended (rerun the same command to resume from its last checkpoint)",
+                                        f"how it ended ({records.resume_hint(workdir)} from its last checkpoint)",
                                "hwrepro.harness.process")
         if forwarded:
             raise interrupts.Interrupted(forwarded[0], reported=True)
@@ -109,8 +109,10 @@ def run_processes(config: ml_collections.ConfigDict, workdir: Path) -> int:
         return runner.EXIT_DONE
     if forwarded:
         raise interrupts.Interrupted(forwarded[0], reported=True)
+    if all(code == runner.EXIT_SKIPPED for code in codes):  # the platform is missing: each process said so
+        return runner.EXIT_SKIPPED
     if first > 0 or codes[0] < 0:  # else process 0 recorded and printed why it failed itself
-        why = (f"process {first} of {count} {_exit_reason(codes[first])}; the others were stopped (its output: "
+        why = (f"process {first} of {count} {exit_reason(codes[first])}; the others were stopped (its output: "
                f"{workdir / f'process-{first}' / 'output.txt'})")
         if records.record_stamp(workdir) != stamp and records.status_of(workdir) != "done":  # process 0's record
             records.set_status(workdir, f"failed: {why}", "hwrepro.harness.process")
@@ -166,15 +168,22 @@ def _wait_all(children: list[subprocess.Popen]) -> tuple[list[int], int | None]:
     return codes, first
 
 
-def _exit_reason(code: int) -> str:
+def exit_reason(code: int) -> str:
+    """How a child ended, for a message: 'was killed by SIGKILL' or 'exited with code 2'."""
     return f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
 
 
 def _tee(source, copy) -> None:
-    """Copies a child's output to this process's stdout and to `copy` until it ends."""
+    """Copies a child's output to this process's stdout and to `copy` until it ends. A closed stdout (`| head`)
+    ends the showing, not the draining: a child blocked on a full pipe would hang the run."""
+    shown = True
     for chunk in iter(lambda: os.read(source.fileno(), 65536), b""):
-        sys.stdout.buffer.write(chunk)
-        sys.stdout.buffer.flush()
+        if shown:
+            try:
+                sys.stdout.buffer.write(chunk)
+                sys.stdout.buffer.flush()
+            except (BrokenPipeError, ValueError):  # ValueError: stdout was closed
+                shown = False
         copy.write(chunk)
         copy.flush()
 
@@ -232,7 +241,10 @@ def check_in_child(configs: dict[str, ml_collections.ConfigDict]) -> None:
         os.unlink(f.name)
     if p.returncode != runner.EXIT_DONE:
         lines = [line for line in p.stderr.splitlines() if line.startswith("error: ")]
-        raise ConfigError(lines[-1][len("error: "):] if lines else f"checking the configs failed:\n{p.stderr}")
+        if p.returncode == runner.EXIT_BAD_INPUT and lines:
+            raise ConfigError(lines[-1][len("error: "):])
+        sys.stderr.write(p.stderr)  # not a refusal but a crash (a bug): its traceback, then one line
+        raise RunFailed(f"checking the configs crashed (exit code {p.returncode}; its output is above)")
 
 
 def _check(path: str) -> int:

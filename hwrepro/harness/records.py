@@ -26,6 +26,7 @@ import fcntl
 import hashlib
 import math
 import importlib.metadata
+import itertools
 import json
 import os
 import platform
@@ -206,6 +207,8 @@ def model_folder(workdir: Path) -> Path:
     status = status_of(workdir)
     if status != "done":
         raise ModelError(f"{workdir} holds an unfinished run (status {status!r}): only a finished run keeps a model")
+    if not (workdir / "final.json").is_file():
+        raise ModelError(f"{workdir} holds no final.json: its model cannot be checked against param_sha256")
     folder = workdir / MODEL_DIR
     if not folder.is_dir():
         kept = read_json(workdir / CONFIG_FILE).get("train", {}).get("keep_model", True)
@@ -213,6 +216,12 @@ def model_folder(workdir: Path) -> Path:
                else "it was written by an hwrepro that kept no models")
         raise ModelError(f"{workdir} keeps no model ({folder} is missing): {why}")
     return folder
+
+
+def resume_hint(workdir: Path) -> str:
+    """How to resume an interrupted run or sweep: the folder named, since a command without --workdir starts
+    a fresh one (launcher.default_workdir)."""
+    return f"the same command with --workdir={workdir} resumes it"
 
 
 def refuse_finished(workdir: Path) -> None:
@@ -265,7 +274,7 @@ def nonfinite_leaves(params: Any) -> list[str]:
     bad = []
     for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
         a = np.asarray(jax.device_get(leaf))
-        if np.issubdtype(a.dtype, np.floating) and not np.all(np.isfinite(a)):
+        if jax.numpy.issubdtype(a.dtype, jax.numpy.floating) and not np.all(np.isfinite(a)):  # bfloat16 too
             bad.append(jax.tree_util.keystr(path))
     return bad
 
@@ -323,7 +332,7 @@ class Run:
         self.info = run_info
         self.quiet = quiet
         self.t0 = time.time()
-        self._trajectory = _read_trajectory(self.workdir)  # a resumed run keeps what it had saved
+        self._trajectory = read_trajectory(self.workdir)  # a resumed run keeps what it had saved
         self._metrics = os.open(self.workdir / "metrics.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         self._log = open(self.workdir / "log.txt", "a", buffering=1)
         self.events: EventLog | None = None  # TensorBoard events, opened by `start` with log.tensorboard
@@ -346,8 +355,7 @@ class Run:
             return True
         stale = [p for p in workdir.iterdir() if p.name in RECORD_FILES + (CHECKPOINT_DIR, MODEL_DIR, EVENTS_DIR)]
         if stale:
-            aside = workdir / f"previous-{time.strftime('%Y%m%d-%H%M%S')}"
-            aside.mkdir(exist_ok=True)
+            aside = _fresh_folder(workdir / f"previous-{time.strftime('%Y%m%d-%H%M%S')}")
             for p in stale:
                 os.replace(p, aside / p.name)
             if status_of(aside) == "running":  # we hold the lock: its process is gone without saying so
@@ -442,7 +450,7 @@ class Run:
         """Drops metrics.jsonl lines and trajectory entries after `step` (a resumed run redoes those steps)."""
         path = self.workdir / "metrics.jsonl"
         kept = [line for line in path.read_text().splitlines(keepends=True)
-                if line.endswith("\n") and json.loads(line).get("step", 0) <= step]
+                if line.endswith("\n") and _logged_step(line) <= step]
         write_text_atomic(path, "".join(kept))
         os.close(self._metrics)
         self._metrics = os.open(path, os.O_WRONLY | os.O_APPEND)
@@ -528,13 +536,34 @@ def write_text_atomic(path: Path, text: str) -> None:
         raise RecordWriteError(f"cannot write {path}: {e.strerror or e}") from None
 
 
+def _logged_step(line: str) -> float:
+    """The step of one metrics.jsonl line (0 without one); inf for a line that does not parse, which a rewind
+    drops (read_metrics skips such lines too)."""
+    try:
+        return json.loads(line).get("step", 0)
+    except (ValueError, AttributeError):
+        return math.inf
+
+
+def _fresh_folder(path: Path) -> Path:
+    """Creates and returns `path`, or `path-2`, `path-3`, ... when it exists: never an existing folder."""
+    for i in itertools.count(1):
+        candidate = path if i == 1 else path.with_name(f"{path.name}-{i}")
+        try:
+            candidate.mkdir()
+            return candidate
+        except FileExistsError:
+            continue
+
+
 def _has_checkpoint(workdir: Path) -> bool:
     """Whether workdir/checkpoints holds a finished checkpoint (a folder named by its step)."""
     folder = Path(workdir) / CHECKPOINT_DIR
     return folder.is_dir() and any(p.name.isdigit() for p in folder.iterdir())
 
 
-def _read_trajectory(workdir: Path) -> dict[int, np.ndarray]:
+def read_trajectory(workdir: Path) -> dict[int, np.ndarray]:
+    """{step: flattened float32 params [P]} from workdir/trajectory.npz ({} when there is none)."""
     try:
         with np.load(Path(workdir) / "trajectory.npz") as z:
             return {int(s): p for s, p in zip(z["steps"], z["params"])}

@@ -24,6 +24,7 @@ import ml_collections
 from hwrepro import experiments
 from hwrepro.errors import ConfigError, HwreproError, ModelError, PlatformUnavailable, RunFailed
 from hwrepro.harness import interrupts, numerics, parallel
+from hwrepro.harness.config import dotted_fields
 
 EXIT_DONE, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_SKIPPED = 0, 1, 2, 3
 
@@ -31,7 +32,7 @@ EXIT_DONE, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_SKIPPED = 0, 1, 2, 3
 def validate(config: ml_collections.ConfigDict) -> None:
     """Checks the fields every experiment shares, without JAX; experiment modules check their own in `validate`."""
     experiments.module_name(config.get("experiment"))
-    for field, value in _leaves(config):
+    for field, value in dotted_fields(config).items():
         if isinstance(value, float) and not math.isfinite(value):
             raise ConfigError(f"{field}={value} must be a finite number")
     t = config.train
@@ -70,15 +71,6 @@ def experiment(config: ml_collections.ConfigDict) -> ModuleType:
     if hasattr(module, "validate"):
         module.validate(config)
     return module
-
-
-def _leaves(config: ml_collections.ConfigDict, prefix: str = "") -> list[tuple[str, Any]]:
-    """(dotted field, value) of every field of a config, groups flattened."""
-    out = []
-    for key, value in config.items():
-        field = f"{prefix}{key}"
-        out.extend(_leaves(value, field + ".") if isinstance(value, ml_collections.ConfigDict) else [(field, value)])
-    return out
 
 
 def run_here(config: ml_collections.ConfigDict, workdir: Path, quiet: bool = False,

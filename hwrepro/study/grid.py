@@ -38,6 +38,7 @@ from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 import ml_collections
 
 from hwrepro.errors import ConfigError
+from hwrepro.harness.config import dotted_fields
 
 SWEEP_FIELDS = ("axes", "points", "order", "aliases")
 BASE_NAME = "base"   # the name of the single point of a config without a sweep
@@ -55,15 +56,6 @@ class Point(NamedTuple):
 
 def _is_mapping(x: Any) -> bool:
     return isinstance(x, (Mapping, ml_collections.ConfigDict))
-
-
-def _flatten(mapping: Any, prefix: str = "") -> list[tuple[str, Any]]:
-    """[(dotted field, leaf value)] of a nested mapping, in its iteration order; keys may contain dots."""
-    out = []
-    for key, value in mapping.items():
-        path = f"{prefix}.{key}" if prefix else str(key)
-        out.extend(_flatten(value, path) if _is_mapping(value) else [(path, value)])
-    return out
 
 
 def _resolve(config: ml_collections.ConfigDict, field: str) -> tuple[ml_collections.ConfigDict, str]:
@@ -196,7 +188,7 @@ def point_name(overrides: Mapping[str, Any], aliases: Mapping[str, str]) -> str:
 
 def _axes(sweep: ml_collections.ConfigDict) -> list[tuple[str, list[Any]]]:
     """[(field, values)] of sweep.axes, in sweep.order first, then in the mapping's order."""
-    axes = dict(_flatten(sweep.get("axes") or {}))
+    axes = dotted_fields(sweep.get("axes") or {})
     order = list(sweep.get("order") or ())
     unknown = [f for f in order if f not in axes]
     if unknown or len(set(order)) != len(order):
@@ -213,7 +205,7 @@ def _explicit_points(sweep: ml_collections.ConfigDict) -> list[dict[str, Any]]:
     points = sweep.get("points") or ()
     if not isinstance(points, (list, tuple)) or not all(_is_mapping(p) for p in points):
         raise ConfigError("sweep.points must be a list of {field: value} dicts")
-    return [dict(_flatten(p)) for p in points] or [{}]
+    return [dotted_fields(p) for p in points] or [{}]
 
 
 def expand(config: ml_collections.ConfigDict, aliases: Mapping[str, str] | None = None) -> list[Point]:
@@ -245,7 +237,7 @@ def expand(config: ml_collections.ConfigDict, aliases: Mapping[str, str] | None 
     axes = [(f, [coerce(f, v) for v in values]) for f, values in axes]
 
     fields = [f for p in explicit for f in p] + axis_fields
-    names = _aliases(fields, {**dict(_flatten(sweep.get("aliases") or {})), **(aliases or {})})
+    names = _aliases(fields, {**dotted_fields(sweep.get("aliases") or {}), **(aliases or {})})
     points = []
     for p, combo in itertools.product(explicit, itertools.product(*(values for _, values in axes))):
         overrides = {**p, **dict(zip(axis_fields, combo))}

@@ -28,7 +28,7 @@ from typing import Any, Sequence
 
 import ml_collections
 
-from hwrepro.errors import HwreproError
+from hwrepro.errors import ConfigError, HwreproError
 from hwrepro.harness import interrupts, process, records, runner
 from hwrepro.harness.progress import format_seconds
 from hwrepro.study import grid
@@ -69,8 +69,9 @@ def configuration_name(point: Point, repeats: Sequence[str] = DEFAULT_GROUP_OVER
     `precision=bf16,isa=AVX2,threads=1` for `precision=bf16,isa=AVX2,threads=1,seed=0`."""
     kept = {f: v for f, v in point.overrides.items() if f not in repeats}
     parts = point.name.split(",")
-    if point.name != grid.BASE_NAME and len(parts) == len(point.overrides):
+    if point.name != grid.BASE_NAME and len(parts) == len(point.overrides) and len(point.name) < grid.MAX_NAME_LENGTH:
         # Names are `alias=value` per override, in order (values never contain commas): keep the aliases.
+        # A name cut to length (ending in a hash of the whole, seed included) may still have as many parts.
         return ",".join(p for p, f in zip(parts, point.overrides) if f not in repeats) or grid.BASE_NAME
     return grid.point_name(kept, {f: f for f in kept})  # the name was cut to length: use whole fields
 
@@ -117,7 +118,7 @@ def _last_error_line(output: Path) -> str | None:
     return errors[-1] if errors else None
 
 
-def _settle(run_dir: Path, name: str, code: int) -> str:
+def _settle(run_dir: Path, code: int) -> str:
     """The point's final status after its process exited with `code`, written to run.json if the process
     could not write it itself (it crashed, was killed, or stopped before its record was open)."""
     status = records.status_of(run_dir)
@@ -161,7 +162,12 @@ def run_sweep(config: ml_collections.ConfigDict, workdir: Path, shard: str | Non
     selected = grid.shard(points, shard) if shard else list(points)
     # Every point's config must be runnable before the first one starts: all of its checks, the experiment's
     # own included, in one child process (they import JAX, which the sweep's process must not).
-    process.check_in_child({point.name: point_config(config, point) for point in selected})
+    configs = {point.name: point_config(config, point) for point in selected}
+    for name, c in configs.items():
+        if c.get("parallel") and c.parallel.processes > 1:
+            raise ConfigError(f"parallel.processes={c.parallel.processes} (point {name}): a sweep runs each point "
+                              "as one process; sweep over devices with parallel.model / parallel.data instead")
+    process.check_in_child(configs)
     record = sweep_record(config, points, selected, shard)
     # One sweep (or one shard of it) at a time in DIR; the shards of a job array each hold their own lock.
     lock = records.lock_workdir(workdir) if not shard else _lock_shard(workdir, shard)
@@ -206,6 +212,13 @@ def _run_points(config: ml_collections.ConfigDict, workdir: Path, selected: Sequ
                     print(f"{prefix} skipped: another process is running it", flush=True)
                     point = None
                     continue
+                except records.WorkdirTaken:
+                    if records.status_of(run_dir) != "done":
+                        raise
+                    counts["done"] += 1  # another sweep of this folder finished it since the check above
+                    print(f"{prefix} done by another process{_metric_text(run_dir, metric)}", flush=True)
+                    point = None
+                    continue
                 kind = status.split(":")[0]
                 counts[kind if kind in counts else "failed"] += 1
                 line = f"{prefix} {status}"
@@ -227,7 +240,7 @@ def _run_points(config: ml_collections.ConfigDict, workdir: Path, selected: Sequ
 
     summary = f"{counts['done']} done, {counts['failed']} failed, {counts['skipped']} skipped"
     if interrupted:
-        print(f"sweep interrupted: {summary}; rerun the same command to resume", flush=True)
+        print(f"sweep interrupted: {summary}; {records.resume_hint(workdir)}", flush=True)
         return runner.EXIT_FAILED
     _write_report(workdir)
     print(f"sweep finished: {summary} ({workdir})", flush=True)
@@ -243,7 +256,7 @@ def _attempt(config: ml_collections.ConfigDict, point: Point, run_dir: Path) -> 
         out.write(f"=== hwrepro.study.sweep: attempt started {records.now()} ===\n")
         out.flush()
         code = process.run_in_child(point_config(config, point), run_dir, stdout=out, stderr=out)
-    return _settle(run_dir, point.name, code), time.time() - t0
+    return _settle(run_dir, code), time.time() - t0
 
 
 def _write_report(workdir: Path) -> None:

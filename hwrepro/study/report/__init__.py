@@ -26,6 +26,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from hwrepro.errors import HwreproError, RunFailed
+from hwrepro.harness.records import write_text_atomic
 from hwrepro.study.report.analysis import (PLOTS, REPORT_FILE, Analysis, HessianPoint, ReportError, Sweep, analyse,
                                            hash_groups, hessian_by_configuration, load, summarize_divergences,
                                            values_by_configuration)
@@ -41,19 +43,19 @@ __all__ = ["PLOTS", "REPORT_FILE", "Analysis", "HessianPoint", "ReportError", "S
 def write_report(workdir: Path, metric: str | None = None, reference: str | None = None,
                  curve_key: str | None = None) -> Path:
     """Writes DIR/report.md, its PNGs and DIR/report.html; returns report.md's path (arguments as for
-    `analyse`)."""
+    `analyse`). Every file is replaced whole (temp file + rename), the plots before the text that links them,
+    so an interrupted or concurrent rebuild never leaves a report pointing at a missing or half-written plot."""
     workdir = Path(workdir)
     sweep = load(workdir)
     a = analyse(sweep, metric, reference, curve_key)
-    for name in PLOTS.values():  # a plot with no data this time must not survive from an earlier report
-        (workdir / name).unlink(missing_ok=True)
     plots = write_plots(sweep, workdir, a)
     path = workdir / REPORT_FILE
-    tmp = path.with_name(f".{path.name}.tmp")
     text = render(sweep, a, plots)
-    tmp.write_text(text)
-    tmp.replace(path)
+    write_text_atomic(path, text)
     write_page(workdir / RUN_REPORT_FILE, sweep_page(text, workdir, f"hwrepro sweep: {sweep.record.get('name')}"))
+    for key, name in PLOTS.items():  # a plot with no data this time must not survive from an earlier report
+        if key not in plots:
+            (workdir / name).unlink(missing_ok=True)
     return path
 
 
@@ -75,29 +77,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--curve", help="metrics.jsonl entry for curves (default: report.curve or loss)")
     parser.add_argument("--time-to-accuracy", metavar="OUT.png", help="write this time-to-accuracy plot instead")
     args = parser.parse_args(argv)
-    if args.html:
-        try:
-            path = (write_run_report(Path(args.paths[0])) if len(args.paths) == 1 else
-                    write_page(Path(args.out), run_report([Path(p) for p in args.paths])))
-        except ReportError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        print(f"report: {path}")
-        return 0
-    if args.time_to_accuracy:
-        missing = [d for d in args.paths if not (Path(d) / "metrics.jsonl").exists()]
-        if missing:
-            print(f"error: no metrics.jsonl in {', '.join(missing)}", file=sys.stderr)
-            return 2
-        print(time_to_accuracy(args.paths, Path(args.time_to_accuracy), args.metric or "eval_P@1"))
-        return 0
-    if len(args.paths) != 1:
-        print("error: a sweep report takes one sweep folder", file=sys.stderr)
-        return 2
     try:
-        path = write_report(Path(args.paths[0]), args.metric, args.reference, args.curve)
-    except ReportError as e:
+        print(_write(args))
+    except (ReportError, HwreproError, RunFailed, OSError) as e:  # bad folders, an unwritable output: exit 2
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"report: {path}")
     return 0
+
+
+def _write(args: argparse.Namespace) -> str:
+    """What `main` writes for its parsed arguments; the line it prints."""
+    if args.html and len(args.paths) == 1:
+        return f"report: {write_run_report(Path(args.paths[0]))}"
+    if args.html:
+        return f"report: {write_page(Path(args.out), run_report([Path(p) for p in args.paths]))}"
+    if args.time_to_accuracy:
+        missing = [d for d in args.paths if not all((Path(d) / f).is_file() for f in ("run.json", "metrics.jsonl"))]
+        if missing:
+            raise ReportError(f"not a run folder (run.json and metrics.jsonl): {', '.join(missing)}")
+        return str(time_to_accuracy(args.paths, Path(args.time_to_accuracy), args.metric or "eval_P@1"))
+    if len(args.paths) != 1:
+        raise ReportError("a sweep report takes one sweep folder")
+    return f"report: {write_report(Path(args.paths[0]), args.metric, args.reference, args.curve)}"

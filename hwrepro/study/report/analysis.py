@@ -72,11 +72,11 @@ def load(workdir: Path) -> Sweep:
 
 def read_trajectory(run_dir: Path) -> tuple[np.ndarray, np.ndarray] | None:
     """(steps [k], params [k, P]) from trajectory.npz, or None when the run kept none."""
-    try:
-        with np.load(Path(run_dir) / "trajectory.npz") as z:
-            return np.asarray(z["steps"]), np.asarray(z["params"])
-    except (OSError, KeyError, ValueError):
+    saved = records.read_trajectory(run_dir)
+    if not saved:
         return None
+    steps = sorted(saved)
+    return np.asarray(steps), np.stack([saved[s] for s in steps])
 
 
 # --- analysis (pure functions of the loaded data) ------------------------------------------------------
@@ -252,6 +252,15 @@ def hessian_by_configuration(sweep: Sweep) -> dict[str, list[HessianPoint]]:
     return out
 
 
+def at_common_steps(series: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """(the steps every series has [k], each series' values there [n, k, ...]) for [(steps, values)] with
+    sorted steps."""
+    steps = series[0][0]
+    for s, _ in series[1:]:
+        steps = np.intersect1d(steps, s)
+    return steps, np.stack([v[np.searchsorted(s, steps)] for s, v in series])
+
+
 def mean_curves(sweep: Sweep, key: str) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
     """{configuration: (steps, mean, min, max)} of metric `key` over its seeds, at the steps all logged."""
     out = {}
@@ -260,12 +269,15 @@ def mean_curves(sweep: Sweep, key: str) -> dict[str, tuple[np.ndarray, np.ndarra
         curves = [cv for cv in curves if cv[0].size]
         if not curves:
             continue
-        steps = curves[0][0]
-        for s, _ in curves[1:]:
-            steps = np.intersect1d(steps, s)
-        ys = np.stack([v[np.searchsorted(s, steps)] for s, v in curves])
+        steps, ys = at_common_steps(curves)
         out[c] = (steps, ys.mean(0), ys.min(0), ys.max(0))
     return out
+
+
+def distinct_labels(names: Sequence[str], folders: Sequence[Path]) -> list[str]:
+    """Legend labels: each run's name, with its folder added where runs share a name (one config run with
+    different overrides, e.g. two hash families)."""
+    return [f"{n} ({Path(f).name})" if names.count(n) > 1 else n for n, f in zip(names, folders)]
 
 
 class Analysis(NamedTuple):

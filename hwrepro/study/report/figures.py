@@ -8,13 +8,15 @@ epochs, so they are compared on the data they have seen (what "P@1 after one epo
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
 from hwrepro.harness.records import read_json, read_metrics
-from hwrepro.study.report.analysis import PLOTS, Analysis, Sweep, mean_curves, values_by_configuration
+from hwrepro.study.report.analysis import (PLOTS, Analysis, Sweep, at_common_steps, distinct_labels, mean_curves,
+                                           values_by_configuration)
 
 
 def _pyplot():
@@ -31,14 +33,6 @@ def _colors(configurations: Sequence[str]) -> dict[str, Any]:
 
     cmap = matplotlib.colormaps["tab10" if len(configurations) <= 10 else "tab20"]
     return {c: cmap(i % cmap.N) for i, c in enumerate(configurations)}
-
-
-def _common_mean(xs: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
-    """(steps all series have, the mean of the series there) for [(steps, values)] with sorted steps."""
-    steps = xs[0][0]
-    for s, _ in xs[1:]:
-        steps = np.intersect1d(steps, s)
-    return steps, np.mean([v[np.searchsorted(s, steps)] for s, v in xs], axis=0)
 
 
 def _log_scale(ax, values: Sequence[np.ndarray]) -> None:
@@ -80,12 +74,14 @@ def _plot_divergence(ax1, ax2, sweep: Sweep, a: Analysis, colors) -> None:
         ds = [d for d in a.divergences if d.configuration == c]
         params = [(d.steps, d.rel_distance) for d in ds if d.rel_distance.size]
         if params:
-            steps, dist = _common_mean(params)
+            steps, each = at_common_steps(params)
+            dist = each.mean(0)
             ax1.plot(steps, dist, "o-", color=colors[c], ms=3, lw=1, label=c)
             dists.append(dist)
         losses = [(d.loss_steps, np.abs(d.loss_diff)) for d in ds if d.loss_steps.size]
         if losses:
-            steps, diff = _common_mean(losses)
+            steps, each = at_common_steps(losses)
+            diff = each.mean(0)
             ax2.plot(steps, diff, color=colors[c], lw=1, label=c)
             diffs.append(diff)
     _log_scale(ax1, dists)
@@ -119,10 +115,16 @@ def write_plots(sweep: Sweep, workdir: Path, a: Analysis) -> dict[str, str]:
     colors = _colors(sweep.configurations)
     written = {}
 
-    def save(fig, key):
+    def save(fig, key):  # to a temporary, then renamed: a reader never sees half a plot
         fig.tight_layout()
-        fig.savefig(workdir / PLOTS[key], dpi=90)
-        plt.close(fig)
+        path = workdir / PLOTS[key]
+        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+        try:
+            fig.savefig(tmp, dpi=90, format="png")
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+            plt.close(fig)
         written[key] = PLOTS[key]
 
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
@@ -148,10 +150,8 @@ def write_plots(sweep: Sweep, workdir: Path, a: Analysis) -> dict[str, str]:
 
 
 def run_labels(workdirs: list[Path]) -> list[str]:
-    """Legend labels: each run's config name, with its folder added where runs share a name (one config run
-    with different overrides, e.g. two hash families)."""
-    names = [read_json(Path(w) / "run.json").get("name", Path(w).name) for w in workdirs]
-    return [f"{n} ({Path(w).name})" if names.count(n) > 1 else n for w, n in zip(workdirs, names)]
+    """Legend labels of run folders: their config names, told apart by folder where they clash."""
+    return distinct_labels([read_json(Path(w) / "run.json").get("name", Path(w).name) for w in workdirs], workdirs)
 
 
 def time_to_accuracy(run_dirs: list[Path], out: Path, metric: str = "eval_P@1") -> Path:
@@ -162,7 +162,7 @@ def time_to_accuracy(run_dirs: list[Path], out: Path, metric: str = "eval_P@1") 
     fig, (by_time, by_epoch) = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
     workdirs = list(map(Path, run_dirs))
     for workdir, name in zip(workdirs, run_labels(workdirs)):
-        rows = [r for r in read_metrics(workdir) if metric in r]
+        rows = [r for r in read_metrics(workdir) if metric in r and "train_seconds" in r]
         if not rows:
             continue
         by_time.plot([r["train_seconds"] for r in rows], [r[metric] for r in rows], marker="o", label=name)

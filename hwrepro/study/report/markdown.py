@@ -73,8 +73,8 @@ def _header(sweep: Sweep, a: Analysis) -> list[str]:
             f"Written {records.now()} by `python -m hwrepro.study.report`. {len(sweep.runs)} points: "
             f"{len(sweep.configurations)} configurations x {len(repeats)} repeat(s) "
             f"({', '.join(rec.get('group_over', []))}: {', '.join(repeats)}); {count('done')} done, "
-            f"{count('failed')} failed, {count('skipped')} skipped, {count(NOT_RUN, 'running')} not run or "
-            f"unfinished.{shard}", "",
+            f"{count('failed')} failed, {count('skipped')} skipped, {count(NOT_RUN, 'running', 'interrupted')} not run or "
+            f"unfinished (interrupted included).{shard}", "",
             "- axes: " + "; ".join(_axes_text(sweep)),
             _training_text(rec.get("base_config", {})), *_machine_text(sweep),
             f"- metric: `{a.metric}` (final.json); curves: `{a.curve_key}` (metrics.jsonl); reference "

@@ -16,8 +16,10 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from hwrepro.harness import records
+from hwrepro.harness.config import dotted_fields
 from hwrepro.study.report import runs as run_data
 from hwrepro.study.report import svg
+from hwrepro.study.report.analysis import distinct_labels
 from hwrepro.study.report.markdown import markdown_table
 from hwrepro.study.report.runs import RunFolder
 
@@ -124,12 +126,6 @@ def _curve_figures(folders: Sequence[RunFolder], labels: Sequence[str]) -> tuple
     return lines, figures
 
 
-def _labels(folders: Sequence[RunFolder]) -> list[str]:
-    """Each run's name, with its folder where runs share a name."""
-    names = [f.name for f in folders]
-    return [f"{n} ({f.dir.name})" if names.count(n) > 1 else n for f, n in zip(folders, names)]
-
-
 def _header(folders: Sequence[RunFolder], labels: Sequence[str]) -> list[str]:
     one = len(folders) == 1
     title = (f"# Run report: {labels[0]} ({folders[0].info.get('experiment')})" if one
@@ -184,7 +180,7 @@ def _config_section(folders: Sequence[RunFolder], labels: Sequence[str]) -> list
         out += (_table(["field", "default", "this run"], [[f"`{k}`", d, v] for k, d, v in changes])
                 if changes else ["No field differs."]) + [""]
     if len(folders) > 1:
-        configs = [run_data.flatten(f.config) for f in folders]
+        configs = [dotted_fields(f.config) for f in folders]
         fields = [k for k in dict.fromkeys(k for c in configs for k in c)
                   if len({repr(c.get(k)) for c in configs}) > 1]
         out += ["Fields that differ between the runs:", ""]
@@ -204,7 +200,7 @@ def run_report(workdirs: Sequence[Path]) -> str:
     """The HTML report of one run folder, or of several overlaid (their curves on shared axes, their tables
     side by side). ReportError when a folder is not a run."""
     folders = [run_data.load_run(w) for w in workdirs]
-    labels = _labels(folders)
+    labels = distinct_labels([f.name for f in folders], [f.dir for f in folders])
     curves, figures = _curve_figures(folders, labels)
     times, time_figures = _time_section(folders, labels)
     text = "\n".join(_header(folders, labels) + _final_section(folders, labels) + ["## Curves", ""] + curves

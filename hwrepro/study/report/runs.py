@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, NamedTuple, Sequence
 
 from hwrepro.harness import records
+from hwrepro.harness.config import dotted_fields
 from hwrepro.harness.timing import activity_seconds
 from hwrepro.study.report.analysis import ReportError
 
@@ -77,14 +78,6 @@ def time_split(run: RunFolder) -> dict[str, float]:
     return seconds
 
 
-def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """{'a.b': value} of a nested dict."""
-    out = {}
-    for k, v in d.items():
-        out.update(flatten(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
-    return out
-
-
 def config_file(argv: Sequence[str]) -> Path | None:
     """The config file launch.py was given in `argv` (--config=PATH or --config PATH, without a ':arg'), as
     found from the current folder or the repository; None if there is none."""
@@ -110,7 +103,7 @@ def defaults_for(run: RunFolder) -> tuple[str, dict[str, Any]]:
     experiment shares (base_config), which lack the experiment's own fields."""
     from hwrepro.harness import config as base
 
-    mine = flatten(run.config)
+    mine = dotted_fields(run.config)
     best: tuple[int, str, dict[str, Any]] | None = None
     for path in _config_files(run):
         try:
@@ -119,7 +112,7 @@ def defaults_for(run: RunFolder) -> tuple[str, dict[str, Any]]:
             continue
         if theirs.get("experiment") != run.config.get("experiment"):
             continue
-        flat = flatten(theirs)
+        flat = dotted_fields(theirs)
         differ = sum(1 for k in mine.keys() | flat.keys() if mine.get(k) != flat.get(k))
         if best is None or differ < best[0]:
             best = (differ, f"{path.name}'s get_config()", theirs)
@@ -134,12 +127,12 @@ def config_changes(run: RunFolder) -> tuple[str, list[tuple[str, Any, Any]]]:
     """(what it is compared with, [(field, default, this run's value)] where they differ; a field the defaults
     lack has default None)."""
     against, defaults = defaults_for(run)
-    mine, theirs = flatten(run.config), flatten(defaults)
+    mine, theirs = dotted_fields(run.config), dotted_fields(defaults)
     return against, [(k, theirs.get(k), v) for k, v in mine.items() if k not in theirs or theirs[k] != v]
 
 
 def environment(info: dict[str, Any]) -> list[tuple[str, Any]]:
     """run.json's environment entries as (dotted key, value), the config's numerics request left out (the
     config section shows it)."""
-    return [(k, v) for k, v in flatten({k: v for k, v in info.items() if k != "numerics_requested"}).items()]
+    return [(k, v) for k, v in dotted_fields({k: v for k, v in info.items() if k != "numerics_requested"}).items()]
 
