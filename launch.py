@@ -146,6 +146,10 @@ def main(argv):
     if not flags.FLAGS["config"].present:
         print("error: --config=configs/NAME.py is required (see --help)", file=sys.stderr)
         return 2
+    stray = [name for name in ("output", "k", "lsh", "overwrite") if flags.FLAGS[name].present]
+    if stray:
+        print(f"error: --{stray[0]} goes with --predict=FILE, which this command does not have", file=sys.stderr)
+        return 2
     try:
         config = _CONFIG.value
         config.get("experiment")  # a config file that failed to load raises here

@@ -103,3 +103,15 @@ def test_registries_list_builtins_and_name_unknown_entries():
         experiments.module_name("slid")
     with pytest.raises(ValueError, match="registered already"):
         FAMILIES.register("simhash", CoordinateHash)
+
+
+def test_a_model_of_another_experiment_is_refused_by_its_fields():
+    from configs.autoencoder_mnist import get_config as autoencoder
+    from configs.prednet_small import get_config as prednet
+
+    for get_config, other, field in [(autoencoder, "prednet", "encoder_sizes"),
+                                     (prednet, "mlp_autoencoder", "stack_sizes")]:
+        config = get_config()
+        config.model.name = other
+        with pytest.raises(ConfigError, match=f"model.name='{other}' takes no '{field}'"):
+            experiments.get(config.experiment).validate(config)

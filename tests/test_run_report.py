@@ -80,6 +80,13 @@ def test_html_of_a_folder_that_is_not_a_run_is_one_line_exit_2(tmp_path, capsys)
     assert err == f"error: {tmp_path / 'empty'} is not a run folder (no readable run.json)\n"
 
 
+def test_one_runs_page_goes_where_out_says(tmp_path):
+    a = _slide_like(tmp_path / "a", "a", (0.1, 0.2, 0.3), 0.1)
+    assert report.main(["--html", str(a), "--out", str(tmp_path / "page.html")]) == 0
+    assert "P@1 (evaluation) against training time" in (tmp_path / "page.html").read_text()
+    assert not (a / "report.html").exists()
+
+
 def test_the_report_commands_bad_paths_are_one_line_exit_2(tmp_path, capsys):
     a = _slide_like(tmp_path / "a", "a", (0.1, 0.2, 0.3), 0.1)
     no_run_json = tmp_path / "m"
@@ -131,6 +138,9 @@ def test_markdown_subset_to_html():
 def test_ticks_are_round_and_cover_the_range():
     assert svg.nice_ticks(0.13, 0.91) == [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]
     assert svg.log_ticks(3.0, 300.0) == [1.0, 10.0, 100.0, 1000.0]
+    # A flat curve far from zero (a diverged but finite loss): one tick, a range around it all the same.
+    chart = svg.line_chart([svg.Series("run", [1.0, 2.0], [8.5e17, 8.5e17])], "loss", "step", "loss")
+    assert chart.count("<polyline") == 1 and "nan" not in chart
 
 
 class _Clock:

@@ -460,6 +460,26 @@ def test_blocked_top_k_equals_top_k():
     np.testing.assert_array_equal(np.asarray(v), np.asarray(v_ref))
 
 
+def test_dense_scoring_in_chunks_returns_more_labels_than_one_chunk_holds():
+    w = jax.random.normal(jax.random.key(4), (1000, 8))
+    b = jnp.zeros(1000)
+    h = jax.random.normal(jax.random.key(5), (3, 8))
+    v, i = sparse.evaluation.scored_topk(w, b, h, 300, chunk=256)  # k above the chunk: 4 chunks, the last shifted
+    v_ref, i_ref = jax.lax.top_k(h @ w.T, 300)
+    np.testing.assert_array_equal(np.asarray(i), np.asarray(i_ref))
+    np.testing.assert_allclose(np.asarray(v), np.asarray(v_ref), rtol=1e-5)
+
+
+def test_lsh_scoring_pads_a_k_above_what_it_scores():
+    params = sparse.init_params(jax.random.PRNGKey(6), 10, 200, 8)
+    hash_fn = sparse.LshSpec(kind="simhash", num_hashes=2, num_tables=2).init(jax.random.PRNGKey(7), 8)
+    tables = sparse.lsh.build_tables(hash_fn, params["output"]["weight"], jax.random.PRNGKey(8))
+    batch = {"feat_ids": jnp.array([[1, 2], [3, 10]], jnp.int32), "feat_vals": jnp.ones((2, 2))}
+    v, ids, scored = sparse.topk_lsh_scored(params, hash_fn, tables, batch, 70, bucket_capacity=4, max_scored=32)
+    assert ids.shape == (2, 70) and np.all(np.asarray(ids)[:, 32:] == -1) and np.all(np.asarray(v)[:, 32:] == -np.inf)
+    assert np.all(np.asarray(scored) <= 32)
+
+
 # Packed (id, slot) sort; ids sorted alone + binary search (id and slot need more than 32 bits); and a
 # result shorter than the batch (at most 52 distinct ids here).
 @pytest.mark.parametrize("shape, num_rows, size", [((16, 12), 300, None), ((4, 5), 2**30, None),

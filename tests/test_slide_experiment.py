@@ -330,6 +330,8 @@ def test_predict_refuses_bad_input_in_one_line_and_writes_nothing(lsh_run, tmp_p
     good.write_text("5:0.5 7:1\n")
     bad_id = tmp_path / "bad_id.txt"
     bad_id.write_text("5:0.5 7:1\n3 2000:1.0\n")
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
     malformed = tmp_path / "malformed.txt"
     malformed.write_text("5:0.5\n\n1:2:3\n")
     unfinished = tmp_path / "unfinished"
@@ -356,14 +358,28 @@ def test_predict_refuses_bad_input_in_one_line_and_writes_nothing(lsh_run, tmp_p
              (newer, good, "has model format 99, this hwrepro (0.1.0) reads format 1"),
              (workdir, bad_id, f"{bad_id}:2: feature index 2000 >= number of features 2000 (the model's)"),
              (workdir, malformed, f"{malformed}:3: bad feature token '1:2:3'"),
-             (workdir, tmp_path / "missing.txt", "no such file")]
+             (workdir, tmp_path / "missing.txt", "no such file"),
+             (workdir, tmp_path, "is a folder: give a file of points"),
+             (workdir, empty, f"{empty}: no points")]
+    no_final = tmp_path / "no_final"
+    shutil.copytree(workdir, no_final)
+    (no_final / "final.json").write_text("{")
+    cases.append((no_final, good, "final.json is unreadable (Expecting property name"))
+    out = tmp_path / "out.txt"
     for folder, points, message in cases:
-        out = tmp_path / "out.txt"
         with pytest.raises(Exception) as e:
             launcher.predict(str(folder), str(points), str(out))
         assert message in str(e.value) and "\n" not in str(e.value), (folder, str(e.value))
         assert runner.report_error(e.value) == runner.EXIT_BAD_INPUT
         assert not out.exists() and not list(tmp_path.glob("out.txt.tmp*"))
+    inside = workdir / "final.json"
+    before = inside.read_text()
+    for options, message in [(dict(output=str(inside), overwrite=True), "is inside the run folder"),
+                             (dict(output=str(out), k=301), "k=301 must be between 1 and the model's 300 labels")]:
+        with pytest.raises(Exception, match=message) as e:
+            launcher.predict(str(workdir), str(good), **{"output": str(out), **options})
+        assert runner.report_error(e.value) == runner.EXIT_BAD_INPUT
+    assert inside.read_text() == before and not out.exists()
 
 
 @pytest.mark.slow

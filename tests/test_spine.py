@@ -79,6 +79,7 @@ def test_finished_workdir_is_never_overwritten(run_launch, tmp_path):
     ("--config.train.batch_size=0", "train.batch_size=0 must be positive"),
     ("--config.numerics.precision=fp16", "numerics.precision='fp16' is not one of"),
     ("--config.numerics.cpu_max_isa=AVX9", "numerics.cpu_max_isa='AVX9'"),
+    ("--k=3", "--k goes with --predict=FILE, which this command does not have"),
 ])
 def test_bad_override_is_one_error_line(run_launch, tmp_path, override, expected):
     p = run_launch(AE, f"--workdir={tmp_path / 'w'}", override)
@@ -175,7 +176,8 @@ def test_param_sha256_sees_every_bit_dtype_and_name():
 def test_prepare_moves_an_unfinished_run_aside(tmp_path):
     (tmp_path / "run.json").write_text(json.dumps({"status": "failed: x"}))
     (tmp_path / "metrics.jsonl").write_text("{}\n")
-    assert Run.prepare(tmp_path, {"seed": 0}) is False  # no checkpoint to resume from: a fresh start
+    prepared = Run.prepare(tmp_path, {"seed": 0})
+    assert not prepared.resumes and prepared.aside.name.startswith("previous-")  # no checkpoint: a fresh start
     aside = [p for p in tmp_path.iterdir() if p.name.startswith("previous-")]
     assert len(aside) == 1 and (aside[0] / "run.json").exists() and not (tmp_path / "run.json").exists()
     (tmp_path / "run.json").write_text(json.dumps({"status": "running"}))  # its process was killed

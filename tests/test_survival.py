@@ -384,6 +384,22 @@ def test_a_data_dir_that_holds_no_usable_data_set_is_an_error(tmp_path, layout, 
         runner.run_here(tiny_slide(dir=str(folder)), tmp_path / "w", quiet=True)
 
 
+def test_a_data_error_on_a_rerun_puts_the_unfinished_run_back(tmp_path):
+    """A rerun with a typo in data.dir moves the unfinished run aside, fails on the data, and puts it back:
+    the original command still resumes it."""
+    workdir = tmp_path / "w"
+    (workdir / "checkpoints" / "40").mkdir(parents=True)
+    (workdir / "config.json").write_text('{"seed": 0}')
+    (workdir / "run.json").write_text('{"status": "interrupted: SIGTERM at step 40"}')
+    (workdir / "metrics.jsonl").write_text('{"step": 40}\n')
+    before = {p.relative_to(workdir): p.read_bytes() if p.is_file() else None for p in workdir.rglob("*")}
+    with pytest.raises(DataError, match="no such folder"):
+        runner.run_here(tiny_slide(dir=str(tmp_path / "typo")), workdir, quiet=True)
+    after = {p.relative_to(workdir): p.read_bytes() if p.is_file() else None for p in workdir.rglob("*")
+             if p.name not in (".lock", "report.html")}
+    assert after == before
+
+
 def test_an_edit_that_keeps_size_and_time_invalidates_the_cache(tmp_path):
     write_xc_pair(tmp_path)
     path = tmp_path / "train.txt"

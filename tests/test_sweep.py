@@ -111,6 +111,25 @@ def test_a_sweep_of_multi_process_points_and_a_shard_of_no_sweep_are_refused(tmp
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
+def test_a_sweep_and_a_run_never_share_a_folder(tmp_path):
+    from configs.autoencoder_mnist import get_config
+    from hwrepro.harness import launcher
+
+    run, swept = tmp_path / "run", tmp_path / "sweep"
+    run.mkdir()
+    swept.mkdir()
+    (run / "run.json").write_text('{"status": "done"}')
+    (swept / "sweep.json").write_text("{}")
+    config = get_config()
+    with pytest.raises(records.WorkdirTaken, match=r"holds a sweep \(sweep.json\); choose another --workdir"):
+        launcher.launch(config, str(swept))
+    config.sweep = {"points": [{"seed": 0}]}
+    with pytest.raises(ConfigError, match=r"holds a run \(run.json\), not a sweep"):
+        launcher.launch(config, str(run))
+    assert sorted(p.name for p in run.iterdir()) == ["run.json"] and sorted(p.name for p in swept.iterdir()) == [
+        ".lock", "sweep.json"]
+
+
 # --- a tiny real sweep, run as a user would: interrupt, resume, failure, GPU skipped ----------------------
 
 

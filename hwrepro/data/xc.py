@@ -474,9 +474,12 @@ def read_points(path: str | os.PathLike, num_features: int, num_labels: int) -> 
     if not os.path.isfile(path):
         raise DataError(f"{path}: no such file")
     try:
-        return _parse_file(path, (num_features, num_labels))
+        points = _parse_file(path, (num_features, num_labels))
     except OSError as e:
         raise DataError(f"{path}: cannot read ({e.strerror})") from None
+    if points.num_points == 0:
+        raise DataError(f"{path}: no points")
+    return points
 
 
 def write_xc(path: str | os.PathLike, data: XCData) -> None:

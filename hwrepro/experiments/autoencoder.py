@@ -18,12 +18,13 @@ from hwrepro.errors import ConfigError
 from hwrepro.harness import numerics, trained
 from hwrepro.harness.loop import fit, snapshotter
 from hwrepro.harness.records import Run
-from hwrepro.models import MODELS, reconstruction_loss
+from hwrepro.models import reconstruction_loss
+from hwrepro.models.model_registry import model_class
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
     data.get(config.data.dataset, "images")
-    MODELS.get(config.model.name, "model.name")
+    model_class(config.model.name, _model_fields(config))
     sizes = list(config.model.get("encoder_sizes") or ())
     if "encoder_sizes" in config.model and (not sizes or any(not isinstance(n, int) or n <= 0 for n in sizes)):
         raise ConfigError(f"model.encoder_sizes={sizes} must be a non-empty list of positive integers")
@@ -34,10 +35,14 @@ def validate(config: ml_collections.ConfigDict) -> None:
 def make_model(config: ml_collections.ConfigDict):
     """The model named by config.model.name, built from the other config.model fields (lists as tuples, so
     the module stays hashable), with activations in numerics.precision and parameters in numerics.param_dtype."""
+    fields = _model_fields(config)
+    return model_class(config.model.name, fields)(**fields)
+
+
+def _model_fields(config: ml_collections.ConfigDict) -> dict[str, Any]:
     fields = {k: tuple(v) if isinstance(v, list) else v for k, v in config.model.items() if k != "name"}
-    return MODELS.get(config.model.name, "model.name")(
-        **fields, dtype=numerics.jnp_dtype(config.numerics.precision),
-        param_dtype=numerics.jnp_dtype(config.numerics.param_dtype))
+    return dict(fields, dtype=numerics.jnp_dtype(config.numerics.precision),
+                param_dtype=numerics.jnp_dtype(config.numerics.param_dtype))
 
 
 def create_state(config: ml_collections.ConfigDict, key: jax.Array) -> train_state.TrainState:

@@ -25,7 +25,7 @@ from hwrepro import data
 from hwrepro.harness import numerics, trained
 from hwrepro.data import video
 from hwrepro.errors import ConfigError
-from hwrepro.models import MODELS
+from hwrepro.models.model_registry import model_class
 from hwrepro.models.predictive_coding import (PredNet, layer_loss_weights, param_count, time_loss_weights,
                                     weighted_error_loss)
 from hwrepro.harness.records import Run
@@ -35,6 +35,7 @@ from hwrepro.harness.loop import fit, snapshotter
 def validate(config: ml_collections.ConfigDict) -> None:
     m, d = config.model, config.data
     data.get(d.dataset, "video")  # each data set checks its own data.source when it loads
+    model_class(m.name, _model_fields(config))
     layers = len(m.stack_sizes)
     for name, want in (("R_stack_sizes", layers), ("A_filt_sizes", layers - 1),
                        ("Ahat_filt_sizes", layers), ("R_filt_sizes", layers)):
@@ -58,13 +59,19 @@ def make_model(config: ml_collections.ConfigDict, output_mode: str = "error",
                extrap_start_time: int | None = None, unroll: int | None = None) -> PredNet:
     """The config's PredNet with activations in numerics.precision and parameters in numerics.param_dtype
     (unroll: see PredNet; None unrolls the whole clip, what training on a CPU wants)."""
+    fields = _model_fields(config, output_mode, extrap_start_time, unroll)
+    return model_class(config.model.name, fields)(**fields)
+
+
+def _model_fields(config: ml_collections.ConfigDict, output_mode: str = "error",
+                  extrap_start_time: int | None = None, unroll: int | None = None) -> dict[str, Any]:
     m = config.model
-    return MODELS.get(m.name, "model.name")(stack_sizes=tuple(m.stack_sizes), R_stack_sizes=tuple(m.R_stack_sizes),
-                   A_filt_sizes=tuple(m.A_filt_sizes), Ahat_filt_sizes=tuple(m.Ahat_filt_sizes),
-                   R_filt_sizes=tuple(m.R_filt_sizes), pixel_max=float(m.pixel_max), output_mode=output_mode,
-                   extrap_start_time=extrap_start_time, unroll=unroll,
-                   dtype=numerics.jnp_dtype(config.numerics.precision),
-                   param_dtype=numerics.jnp_dtype(config.numerics.param_dtype))
+    return dict(stack_sizes=tuple(m.stack_sizes), R_stack_sizes=tuple(m.R_stack_sizes),
+                A_filt_sizes=tuple(m.A_filt_sizes), Ahat_filt_sizes=tuple(m.Ahat_filt_sizes),
+                R_filt_sizes=tuple(m.R_filt_sizes), pixel_max=float(m.pixel_max), output_mode=output_mode,
+                extrap_start_time=extrap_start_time, unroll=unroll,
+                dtype=numerics.jnp_dtype(config.numerics.precision),
+                param_dtype=numerics.jnp_dtype(config.numerics.param_dtype))
 
 
 def learning_rate_schedule(config: ml_collections.ConfigDict, num_steps: int) -> optax.Schedule:

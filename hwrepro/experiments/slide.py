@@ -214,11 +214,18 @@ def make_predict(config: ml_collections.ConfigDict, params: sparse.Params, *, k:
     fewer than k labels were retrieved. `devices` > 1 (dense only): the output layer split by label over that
     many of this process's devices (sharded.place, sharded.topk_scored), whatever layout it was trained in."""
     dtype = numerics.jnp_dtype(config.numerics.precision)
+    num_labels = params["output"]["weight"].shape[0]
+    if not 1 <= k <= num_labels:
+        raise ConfigError(f"k={k} must be between 1 and the model's {num_labels:,} labels")
     if devices > 1:
         if lsh:
             raise ValueError("make_predict: LSH-scored prediction runs on one device (devices=1)")
+        if devices > len(jax.devices()):
+            raise ValueError(f"make_predict: devices={devices}, but this process has {len(jax.devices())} (on a CPU: "
+                             "numerics.cpu_devices, or XLA_FLAGS=--xla_force_host_platform_device_count, before JAX "
+                             "starts)")
         mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:devices]).reshape(1, devices), ("data", "model"))
-        placed, num_labels = sharded.place(mesh, params), params["output"]["weight"].shape[0]
+        placed = sharded.place(mesh, params)
         return lambda batch: tuple(parallel.to_host(x) for x in sharded.topk_scored(
             mesh, placed, parallel.put_batch(mesh, _features(batch)), k, num_labels=num_labels, dtype=dtype))
     params = jax.tree_util.tree_map(jax.numpy.asarray, params)

@@ -36,7 +36,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -50,6 +50,7 @@ _CPU_FLAGS_OF_INTEREST = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw",
 
 
 CONFIG_FILE = "config.json"
+SWEEP_FILE = "sweep.json"  # a sweep's folder (hwrepro.study.sweep), whose points are run folders below it
 RECORD_FILES = ("config.json", "run.json", "metrics.jsonl", "final.json", "log.txt", "trajectory.npz", "traceback.txt",
                 "report.html")
 CHECKPOINT_DIR = "checkpoints"
@@ -225,7 +226,9 @@ def resume_hint(workdir: Path) -> str:
 
 
 def refuse_finished(workdir: Path) -> None:
-    """WorkdirTaken when workdir holds a finished run (run.json status 'done'): it is never overwritten."""
+    """WorkdirTaken when workdir holds a finished run (run.json status 'done'), never overwritten, or a sweep."""
+    if (Path(workdir) / SWEEP_FILE).exists():
+        raise WorkdirTaken(f"workdir {workdir} holds a sweep ({SWEEP_FILE}); choose another --workdir for a run")
     if status_of(workdir) == "done":
         raise WorkdirTaken(f"workdir {workdir} already holds a finished run (run.json status 'done'); "
                            "choose another --workdir or remove it")
@@ -321,6 +324,13 @@ def git_commit() -> str | None:
         return None
 
 
+class Prepared(NamedTuple):
+    """What `Run.prepare` did: `resumes` an unfinished run of the same config, or moved an earlier run's
+    records `aside` (a folder; None when there were none)."""
+    resumes: bool
+    aside: Path | None
+
+
 class Run:
     """An open run record in `workdir`; experiments log through it.
 
@@ -338,12 +348,14 @@ class Run:
         self.events: EventLog | None = None  # TensorBoard events, opened by `start` with log.tensorboard
 
     @staticmethod
-    def prepare(workdir: Path, config: Any) -> bool:
-        """Makes workdir ready for `config`; returns True when it resumes an unfinished run of that config.
+    def prepare(workdir: Path, config: Any) -> "Prepared":
+        """Makes workdir ready for `config`: Prepared(resumes=True) when it resumes an unfinished run of that
+        config, else where an earlier run went (None if there was none).
 
         A finished run is refused (WorkdirTaken). An unfinished run of the same config with a checkpoint is
         kept, to be resumed; any other unfinished run's records and checkpoints are moved aside to
-        workdir/previous-<time>/, never deleted. The caller holds the workdir's lock (`lock_workdir`).
+        workdir/previous-<time>/, never deleted (`put_back` returns them when the new run is refused before
+        its first step). The caller holds the workdir's lock (`lock_workdir`).
         """
         workdir = Path(workdir)
         refuse_finished(workdir)
@@ -352,16 +364,25 @@ class Run:
         except (OSError, ValueError):
             same_config = False
         if same_config and _has_checkpoint(parallel.run_workdir(workdir)):  # process i > 0: the run's
-            return True
+            return Prepared(True, None)
         stale = [p for p in workdir.iterdir() if p.name in RECORD_FILES + (CHECKPOINT_DIR, MODEL_DIR, EVENTS_DIR)]
-        if stale:
-            aside = _fresh_folder(workdir / f"previous-{time.strftime('%Y%m%d-%H%M%S')}")
-            for p in stale:
-                os.replace(p, aside / p.name)
-            if status_of(aside) == "running":  # we hold the lock: its process is gone without saying so
-                set_status(aside, "interrupted: its process ended without recording how (moved aside)",
-                           "hwrepro.harness.records")
-        return False
+        if not stale:
+            return Prepared(False, None)
+        aside = _fresh_folder(workdir / f"previous-{time.strftime('%Y%m%d-%H%M%S')}")
+        for p in stale:
+            os.replace(p, aside / p.name)
+        if status_of(aside) == "running":  # we hold the lock: its process is gone without saying so
+            set_status(aside, "interrupted: its process ended without recording how (moved aside)",
+                       "hwrepro.harness.records")
+        return Prepared(False, aside)
+
+    @staticmethod
+    def put_back(workdir: Path, aside: Path) -> None:
+        """Returns what `prepare` moved to `aside` into workdir (whose new run left no record), so a run refused
+        for bad input before its first step leaves the earlier one as it was, resumable."""
+        for p in Path(aside).iterdir():
+            os.replace(p, Path(workdir) / p.name)
+        Path(aside).rmdir()
 
     @classmethod
     def start(cls, workdir: Path, config: Any, numerics_applied: dict[str, Any], quiet: bool = False) -> "Run":

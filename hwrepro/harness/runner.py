@@ -22,7 +22,7 @@ from typing import Any
 import ml_collections
 
 from hwrepro import experiments
-from hwrepro.errors import ConfigError, HwreproError, ModelError, PlatformUnavailable, RunFailed
+from hwrepro.errors import ConfigError, DataError, HwreproError, ModelError, PlatformUnavailable, RunFailed
 from hwrepro.harness import interrupts, numerics, parallel
 from hwrepro.harness.config import dotted_fields
 
@@ -105,7 +105,7 @@ def _run_locked(config: ml_collections.ConfigDict, workdir: Path, quiet: bool) -
     parallel.initialize()  # several processes: joined before JAX's backend starts
     numerics.apply_after_jax(config.numerics)
     module = experiment(config)  # its own checks, before the workdir is touched
-    resumes = Run.prepare(workdir, config)
+    prepared = Run.prepare(workdir, config)
     rec = Run.start(workdir, config, {"before_jax": before_jax, **numerics.applied()}, quiet=quiet)
     rec.print(f"hwrepro: {config.experiment} '{config.name}' -> {workdir}")
     try:
@@ -121,11 +121,17 @@ def _run_locked(config: ml_collections.ConfigDict, workdir: Path, quiet: bool) -
     except KeyboardInterrupt:
         rec.end("interrupted: KeyboardInterrupt")
         raise
-    except ConfigError as e:
-        if resumes or (workdir / "metrics.jsonl").stat().st_size:
+    except (ConfigError, DataError) as e:
+        if prepared.resumes or (workdir / "metrics.jsonl").stat().st_size:
             rec.fail(str(e))
-        else:  # a config refused before a first step (e.g. train.init_from's shapes): no record of it is left
+        elif isinstance(e, ConfigError) or prepared.aside:
+            # Refused before a first step (e.g. train.init_from's shapes, a data.dir typo on a rerun): no record
+            # of it is left, and the run it moved aside comes back, still resumable.
             rec.discard()
+            if prepared.aside:
+                Run.put_back(workdir, prepared.aside)
+        else:
+            rec.fail(str(e))
         raise
     except (HwreproError, RunFailed) as e:
         rec.fail(str(e))

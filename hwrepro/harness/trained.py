@@ -113,21 +113,26 @@ def load(workdir: str | os.PathLike) -> Trained:
     usable."""
     workdir = Path(workdir)
     folder = records.model_folder(workdir)
-    config = ml_collections.ConfigDict(records.read_json(workdir / records.CONFIG_FILE))
-    try:
-        info = records.read_json(folder / "model.json")
-    except (OSError, ValueError) as e:
-        raise ModelError(f"{folder / 'model.json'} is unreadable ({e}): the model files are damaged") from None
+    config = ml_collections.ConfigDict(_read_json(workdir / records.CONFIG_FILE))
+    info = _read_json(folder / "model.json")
     if info.get("format") != FORMAT:
         raise ModelError(f"{folder} has model format {info.get('format')!r}, this hwrepro "
                          f"({hwrepro.__version__}) reads format {FORMAT}: load it with hwrepro {info.get('hwrepro')}")
     params = _restore(folder / "params")
-    final = records.read_json(workdir / "final.json")
+    final = _read_json(workdir / "final.json")
     if arrays(params) != {k: (list(s), d) for k, (s, d) in info["arrays"].items()} or (
             records.param_sha256(params) != final.get("param_sha256")):
         raise ModelError(f"the model files under {folder} do not hold the parameters final.json's param_sha256 "
                          "names: they are damaged")
     return Trained(workdir, config, params, final)
+
+
+def _read_json(path: Path) -> Any:
+    """A run folder's JSON file; ModelError, one line, when it cannot be read or parsed."""
+    try:
+        return records.read_json(path)
+    except (OSError, ValueError) as e:
+        raise ModelError(f"{path} is unreadable ({e}): the run folder is damaged") from None
 
 
 def _restore(path: Path) -> Any:

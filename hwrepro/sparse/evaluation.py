@@ -80,7 +80,7 @@ def scored_topk(weight: jax.Array, bias: jax.Array, h: jax.Array, k: int, chunk:
         keep = ids >= i * chunk
         if num_valid is not None:
             keep = keep & (ids < num_valid)
-        v, j = blocked_top_k(jnp.where(keep, z, -jnp.inf), k)
+        v, j = blocked_top_k(jnp.where(keep, z, -jnp.inf), min(k, chunk))  # k may exceed one chunk
         all_v = jnp.concatenate([best[0], v], axis=1)
         all_i = jnp.concatenate([best[1], ids[j]], axis=1)
         v, j = jax.lax.top_k(all_v, k)
@@ -176,6 +176,9 @@ def topk_lsh_scored(
     h = model.sparse_hidden(p_in["embedding"], p_in["bias"], batch["feat_ids"], batch["feat_vals"], dtype)
     ids, z = lsh_logits(p_out["weight"], p_out["bias"], h, hash_fn, tables, bucket_capacity, dtype, probe_bits,
                         inner_product, max_scored)
+    if k > z.shape[1]:  # more asked for than can be scored: the rest come back as -1
+        pad = ((0, 0), (0, k - z.shape[1]))
+        z, ids = jnp.pad(z, pad, constant_values=-jnp.inf), jnp.pad(ids, pad, constant_values=p_out["weight"].shape[0])
     v, j = jax.lax.top_k(z, k)
     scored = jnp.sum(ids < p_out["weight"].shape[0], axis=1, dtype=jnp.int32)
     return v, jnp.where(v > -jnp.inf, jnp.take_along_axis(ids, j, axis=1), -1), scored

@@ -34,7 +34,6 @@ from hwrepro.harness.progress import format_seconds
 from hwrepro.study import grid
 from hwrepro.study.grid import Point
 
-SWEEP_FILE = "sweep.json"
 OUTPUT_FILE = "output.txt"
 DEFAULT_GROUP_OVER = ("seed",)  # fields whose values are repeats of one configuration, not set-ups
 
@@ -158,6 +157,8 @@ def run_sweep(config: ml_collections.ConfigDict, workdir: Path, shard: str | Non
     any point runs.
     """
     workdir = Path(workdir)
+    if (workdir / "run.json").exists():
+        raise ConfigError(f"--workdir={workdir} holds a run (run.json), not a sweep: choose another folder")
     points = grid.expand(config)
     selected = grid.shard(points, shard) if shard else list(points)
     # Every point's config must be runnable before the first one starts: all of its checks, the experiment's
@@ -172,8 +173,8 @@ def run_sweep(config: ml_collections.ConfigDict, workdir: Path, shard: str | Non
     # One sweep (or one shard of it) at a time in DIR; the shards of a job array each hold their own lock.
     lock = records.lock_workdir(workdir) if not shard else _lock_shard(workdir, shard)
     try:
-        _check_same_sweep(workdir / SWEEP_FILE, record)
-        records.write_json_atomic(workdir / SWEEP_FILE, record)
+        _check_same_sweep(workdir / records.SWEEP_FILE, record)
+        records.write_json_atomic(workdir / records.SWEEP_FILE, record)
         return _run_points(config, workdir, selected, record, shard, len(points))
     finally:
         os.close(lock)

@@ -69,8 +69,8 @@ def main(argv: list[str] | None = None) -> int:
                         "--html or --time-to-accuracy, run folders (each holds run.json and metrics.jsonl)")
     parser.add_argument("--html", action="store_true", help="write W/report.html for one run folder, or one "
                         "page overlaying several (--out)")
-    parser.add_argument("--out", default=RUN_REPORT_FILE, help="with --html and several run folders: the "
-                        "page to write (default: report.html in the current folder)")
+    parser.add_argument("--out", help="with --html: the page to write (default: W/report.html for one run "
+                        "folder, report.html in the current folder for several)")
     parser.add_argument("--metric", help="final.json entry to compare (default: report.metric or test_loss); "
                         "with --time-to-accuracy, the metrics.jsonl entry (default eval_P@1)")
     parser.add_argument("--reference", help="reference configuration name (default: report.reference)")
@@ -87,10 +87,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _write(args: argparse.Namespace) -> str:
     """What `main` writes for its parsed arguments; the line it prints."""
-    if args.html and len(args.paths) == 1:
+    if args.html and len(args.paths) == 1 and args.out is None:
         return f"report: {write_run_report(Path(args.paths[0]))}"
     if args.html:
-        return f"report: {write_page(Path(args.out), run_report([Path(p) for p in args.paths]))}"
+        return f"report: {write_page(Path(args.out or RUN_REPORT_FILE), run_report([Path(p) for p in args.paths]))}"
     if args.time_to_accuracy:
         missing = [d for d in args.paths if not all((Path(d) / f).is_file() for f in ("run.json", "metrics.jsonl"))]
         if missing:

@@ -43,6 +43,15 @@ def log_ticks(lo: float, hi: float) -> list[float]:
     return [m * 10.0 ** e for e in range(first, last + 1) for m in mantissas if m * 10.0 ** e <= 10.0 ** last]
 
 
+def _extent(ticks: list[float]) -> tuple[float, float]:
+    """The axis range of its ticks; around a single one (a flat curve), +-10% of it, at least +-1 (at 1e17, +-1
+    would round back to the tick itself)."""
+    if len(ticks) > 1:
+        return min(ticks), max(ticks)
+    half = max(abs(ticks[0]) * 0.1, 1.0)
+    return ticks[0] - half, ticks[0] + half
+
+
 def _label(v: float) -> str:
     return f"{v:.4g}"
 
@@ -55,8 +64,7 @@ def line_chart(series: Sequence[Series], title: str, xlabel: str, ylabel: str) -
     log_x = bool(xs) and min(xs) > 0 and max(xs) / min(xs) > 100
     xticks = log_ticks(min(xs), max(xs)) if log_x else nice_ticks(min(xs), max(xs)) if xs else [0.0, 1.0]
     yticks = nice_ticks(min(ys), max(ys)) if ys else [0.0, 1.0]
-    x0, x1 = (min(xticks), max(xticks)) if len(xticks) > 1 else (xticks[0] - 1, xticks[0] + 1)
-    y0, y1 = (min(yticks), max(yticks)) if len(yticks) > 1 else (yticks[0] - 1, yticks[0] + 1)
+    (x0, x1), (y0, y1) = _extent(xticks), _extent(yticks)
     fx = (lambda v: math.log10(v)) if log_x else (lambda v: v)
     px = lambda v: LEFT + (fx(v) - fx(x0)) / (fx(x1) - fx(x0)) * (WIDTH - LEFT - RIGHT)
     py = lambda v: HEIGHT - BOTTOM - (v - y0) / (y1 - y0) * (HEIGHT - TOP - BOTTOM)
