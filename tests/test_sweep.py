@@ -192,6 +192,8 @@ def test_resumed_sweep_reruns_unfinished_points_and_goes_on_after_a_failure(tiny
     for name in REAL[:2]:
         aside = list((workdir / name).glob("previous-*/run.json"))
         assert aside and json.loads(aside[0].read_text())["status"] != "done"
+        assert f"is not one this config resumes (another config, or no checkpoint): moved to {aside[0].parent}" in (
+            workdir / name / "output.txt").read_text()
     assert "[1/6] precision=fp32,seed=0: done in" in first.stdout and "ETA" in first.stdout
     assert _status(workdir / FAILS).startswith("failed: ") and "data.dir" in _status(workdir / FAILS)
     assert "sweep finished: 4 done, 1 failed, 1 skipped" in first.stdout

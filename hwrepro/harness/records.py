@@ -31,6 +31,7 @@ import json
 import os
 import platform
 import resource
+import shutil
 import socket
 import subprocess
 import sys
@@ -532,6 +533,7 @@ class Run:
         self.close()
         for name in (CONFIG_FILE, "run.json", "metrics.jsonl", "log.txt"):
             (self.workdir / name).unlink(missing_ok=True)
+        shutil.rmtree(self.workdir / EVENTS_DIR, ignore_errors=True)  # with log.tensorboard: what start opened
 
     def close(self) -> None:
         if self._metrics is not None:

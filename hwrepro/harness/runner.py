@@ -108,6 +108,9 @@ def _run_locked(config: ml_collections.ConfigDict, workdir: Path, quiet: bool) -
     prepared = Run.prepare(workdir, config)
     rec = Run.start(workdir, config, {"before_jax": before_jax, **numerics.applied()}, quiet=quiet)
     rec.print(f"hwrepro: {config.experiment} '{config.name}' -> {workdir}")
+    if prepared.aside:  # a resume needs the same config and a checkpoint: say where the earlier run went
+        rec.print(f"the unfinished run there is not one this config resumes (another config, or no checkpoint): "
+                  f"moved to {prepared.aside}")
     try:
         final_metrics, params = module.run(config, rec)
         if config.train.keep_model and parallel.is_main_process():  # process i > 0 records in process-<i>/
