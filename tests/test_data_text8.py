@@ -195,6 +195,11 @@ def test_text_source_loads_a_file_through_the_config(tmp_path):
     assert data.details["tokens"] == 120 and data.details["train_tokens"] == 114
     batch = next(data.train_batches())
     assert batch["feat_ids"].shape == (2, 1) and batch["labels"].shape == (2, 2)
+    # An epoch is the batches of the words subsampling keeps: with three words each a third or more of the
+    # text, word2vec's rule (t = 1e-3) keeps about 5% of them, not the 114 training words.
+    c = _text_config(path, min_count=2)
+    keep = t8.keep_probabilities(np.array([60, 30, 30]), c.data.subsample)
+    assert data.steps_per_epoch == int(57 * keep[0] + 28.5 * keep[1] + 28.5 * keep[2]) // 2 < 114 // 2
 
 
 @pytest.mark.parametrize("data,problem", [

@@ -117,6 +117,8 @@ ERRORS = [
     ("1 10 5\n1 x:0.5\n", 2, "bad feature index 'x'"),
     ("3 10 5\n1 1:0.5\n2 2:1\n", 4, "file ends after 2 points, the header says 3"),
     ("1 10 5\n1 1:0.5\n2 2:1\n", 3, "more points than the 1 the header says"),
+    ("3 10 5\n1 1:0.5\n2 2:1\n\n \n", 4, "file ends after 2 points, the header says 3"),  # blank lines at the end
+    ("2 10 5\n1 1:0.5\n\n2 2:1\n", 4, "(a blank line between points is an empty point)"),
 ]
 
 
@@ -317,3 +319,21 @@ def test_each_process_reads_its_share_and_batches_are_the_whole_splits(tmp_path,
         want = xc.XCBatcher(rows_of(whole), 8, 4).batch(pick)
         assert all(np.array_equal(summed[k], want[k]) for k in want)
     assert xc.XCBatcher(shares[2], 8, 4).steps_per_epoch(10) == 5
+
+
+def test_evaluation_batches_keep_every_label_of_a_point(tmp_path):
+    """Training cuts a point's labels to data.max_labels; evaluation must not (a correct prediction of a cut
+    label would count as a miss), and the run's details say what training and evaluation cut."""
+    import ml_collections
+
+    train = xc.read_xc(_write(tmp_path, "2 10 6\n0,1,2,3 1:1\n4 2:1\n", "train.txt"), use_cache=False)
+    test = xc.read_xc(_write(tmp_path, "2 10 6\n0,1,2,3,4 1:1\n5 2:1\n", "test.txt"), use_cache=False)
+    config = ml_collections.ConfigDict({"data": {"max_features": 4, "max_labels": 2, "seed": 0},
+                                        "train": {"batch_size": 1}, "eval": {"final_points": 0, "subset": 2},
+                                        "seed": 0})
+    data = xc.label_data(train, test, config)
+    (batch,) = data.test.ordered(2)
+    assert batch["labels"].tolist() == [[0, 1, 2, 3, 4], [5, 6, 6, 6, 6]]
+    assert data.details["truncation_train"]["labels_dropped"] == 2
+    assert data.details["truncation_test"]["labels_dropped"] == 0
+    assert next(data.train_batches())["labels"].shape == (1, 2)

@@ -55,6 +55,15 @@ def test_fashion_mnist_needs_its_files(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(DataError, match="no Fashion-MNIST IDX files"):
         data.load(autoencoder(dataset="fashion_mnist", dir=str(tmp_path / "empty")), "images")
+    write_image_set(tmp_path / "fashion")
+    with pytest.raises(DataError, match="no Fashion-MNIST IDX files"):  # the IDX files are there, TFDS is asked for
+        data.load(autoencoder(dataset="fashion_mnist", dir=str(tmp_path / "fashion"), source="tfds"), "images")
+    from hwrepro import experiments
+    from hwrepro.errors import ConfigError
+
+    c = autoencoder(dataset="fashion_mnist", dir=str(tmp_path / "fashion"), source="synthetic")
+    with pytest.raises(ConfigError, match="data.source='synthetic' is not one of auto, idx, tfds for data.dataset="):
+        experiments.get("autoencoder").validate(c)
 
 
 def test_mnist_csv_rows_are_split_by_seed_and_bad_rows_name_their_line(tmp_path):
@@ -75,3 +84,17 @@ def test_mnist_csv_rows_are_split_by_seed_and_bad_rows_name_their_line(tmp_path)
     bad.write_text("\n".join(",".join(map(str, r)) for r in rows[:2]) + "\n1,2,3\n")
     with pytest.raises(DataError, match=r"bad.csv:3: 3 values, expected 785"):
         mnist.read_csv(bad)
+
+
+def test_idx_files_are_gunzipped_by_content_and_broken_gzip_is_one_line(tmp_path):
+    from hwrepro.data import mnist
+    from hwrepro.errors import DataError
+
+    images = np.arange(2 * 3 * 4).reshape(2, 3, 4)
+    write_idx(tmp_path / "x-idx3-ubyte", images)  # gzipped, without the .gz suffix
+    np.testing.assert_array_equal(mnist.read_idx(tmp_path / "x-idx3-ubyte", 0x803), images)
+    data = (tmp_path / "x-idx3-ubyte").read_bytes()
+    for name, broken in [("cut.gz", data[:-12]), ("bad_crc.gz", data[:-8] + bytes(8))]:
+        (tmp_path / name).write_bytes(broken)
+        with pytest.raises(DataError, match=rf"{name}: cannot read \("):
+            mnist.read_idx(tmp_path / name, 0x803)

@@ -61,3 +61,19 @@ def test_an_update_over_the_used_blocks_only_equals_the_update_over_every_id():
     np.testing.assert_array_equal(np.asarray(short)[later], np.asarray(tables["bias"])[later])
     first = np.asarray(ids[:4])
     assert not np.array_equal(np.asarray(short)[first], np.asarray(tables["bias"])[first])
+
+
+def test_touching_every_row_each_step_is_optax_adam_up_to_rounding():
+    import optax
+
+    w = jax.random.normal(jax.random.key(0), (50, 8))
+    tx, opt = optax.adam(1e-2), sparse_adam.row_adam(1e-2)
+    ref, ref_state, rows, state = w, optax.adam(1e-2).init(w), {"w": w}, opt.init({"w": w})
+    every = {"w": jnp.arange(50)}
+    for i in range(5):
+        g = jax.random.normal(jax.random.key(i + 1), (50, 8)) * 10.0 ** (i % 3 - 1)
+        updates, ref_state = tx.update(g, ref_state, ref)
+        ref = optax.apply_updates(ref, updates)
+        rows, state = opt.update({"w": g}, every, state, rows)
+    np.testing.assert_allclose(np.asarray(rows["w"]), np.asarray(ref), rtol=1e-6, atol=1e-7)
+    assert not np.allclose(np.asarray(ref), np.asarray(w), rtol=1e-3)  # it moved

@@ -158,7 +158,8 @@ def _topk_check(data, model_shards):
 
 
 def _tables_check(data, model_shards, num_labels=20_000):
-    """Each shard's tables equal lsh.build_tables over its own rows with the key folded with its index, on
+    """Each shard's tables equal lsh.build_tables over its own rows with the key folded with its index (the key
+    itself for one model shard), on
     every data replica, at a size where one pure_callback per device inside a shard_map hung on XLA:CPU; a
     redraw draws the single-device hash functions."""
     import jax
@@ -176,7 +177,7 @@ def _tables_check(data, model_shards, num_labels=20_000):
     equal = True
     for s in range(model_shards):
         want = lsh.build_tables(jax.device_get(state.hash_fn), weight[s * rows:(s + 1) * rows],
-                                jax.random.fold_in(key, s))
+                                jax.random.fold_in(key, s) if model_shards > 1 else key)  # one shard: the key
         for got, w in ((tables.ids, want.ids), (tables.starts, want.starts)):
             equal &= all(np.array_equal(np.asarray(x.data)[0], np.asarray(w))
                          for x in got.addressable_shards if (x.index[0].start or 0) == s)
@@ -191,6 +192,7 @@ def main():
     results = {}
     for name, (data, model_shards) in MESHES.items():
         results[f"tables-{name}"] = _tables_check(data, model_shards)
+    results["tables-d2"] = _tables_check(2, 1)  # data-parallel only: the one-device run's tables
     for name, (data, model_shards) in MESHES.items():
         for method in ("lsh", "sampled", "dense"):
             results[f"{method}-{name}"] = _step_check(method, data, model_shards)
@@ -245,6 +247,7 @@ def test_lsh_tables_hold_local_ids(results, mesh):
 def test_each_shard_builds_its_own_tables(results, mesh):
     data, model_shards = MESHES[mesh]
     assert results[f"tables-{mesh}"] == {"equal": True, "shape": [model_shards, 25, 20_000 // model_shards]}
+    assert results["tables-d2"] == {"equal": True, "shape": [1, 25, 20_000]}
 
 
 @pytest.mark.slow

@@ -437,3 +437,9 @@ def test_a_sweep_checks_every_point_before_the_first_one_runs(tmp_path, run_laun
     assert p.returncode == 2 and p.stderr.strip() == (
         "error: seed=1,encoder_sizes=0: model.encoder_sizes=[0] must be a non-empty list of positive integers")
     assert not (tmp_path / "out" / "seed=0").exists()
+
+
+def test_snapshots_are_evenly_spaced_and_never_every_zero_steps():
+    from hwrepro.harness.loop import snapshot_spacing
+
+    assert [snapshot_spacing(100, 4), snapshot_spacing(10, 30), snapshot_spacing(10, 0)] == [25, 1, 0]

@@ -160,6 +160,20 @@ def test_frame_arrays_npz_and_errors(tmp_path):
     (tmp_path / "broken.npz").write_bytes(b"garbage")
     with pytest.raises(DataError, match="broken.npz: cannot read"):
         video.read_frame_arrays(tmp_path / "broken.npz")
+    np.savez(tmp_path / "ints.npz", X=frames.astype(np.int64), sources=sources)  # what np.savez makes of lists
+    assert video.read_frame_arrays(tmp_path / "ints.npz").frames.dtype == np.uint8  # then scaled like uint8
+    np.savez(tmp_path / "wide.npz", X=frames.astype(np.uint16) * 200, sources=sources)
+    with pytest.raises(DataError, match=r"wide.npz: integer frames must be 0..255 pixels \(found 0..51000\)"):
+        video.read_frame_arrays(tmp_path / "wide.npz")
+
+
+def test_16_bit_frames_are_scaled_not_clipped(tmp_path):
+    from PIL import Image
+
+    ramp = (np.arange(48, dtype=np.uint16) * 1300).reshape(6, 8)
+    Image.fromarray(ramp).save(tmp_path / "frame_1.png")
+    pixels = video.read_image(tmp_path / "frame_1.png", channels=1)
+    np.testing.assert_array_equal(pixels[..., 0], (ramp >> 8).astype(np.uint8))
 
 
 def test_hickle_files_need_hickle(tmp_path):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import struct
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -43,12 +44,13 @@ def _find(folder: Path, name: str) -> Path | None:
 
 
 def _read_bytes(path: Path) -> bytes:
-    opener = gzip.open if path.suffix == ".gz" else open
+    """The file's bytes, gunzipped when they start with gzip's magic bytes (whatever its name)."""
     try:
-        with opener(path, "rb") as f:
-            return f.read()
-    except (OSError, EOFError) as e:
-        raise DataError(f"{path}: cannot read ({e})") from None
+        with open(path, "rb") as f:
+            data = f.read()
+        return gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data
+    except (OSError, EOFError, zlib.error) as e:  # gzip.BadGzipFile is an OSError
+        raise DataError(f"{path}: cannot read ({e or 'truncated gzip data'})") from None
 
 
 def read_idx(path: Path, expect_magic: int) -> np.ndarray:
@@ -143,21 +145,22 @@ def read_csv(path: Path, test_fraction: float = 0.2, seed: int = 0) -> ImageSpli
                        source=f"CSV {path} ({len(train)} train / {len(test)} test rows, split by seed {seed})")
 
 
-@register("fashion_mnist", kind="images")
+@register("fashion_mnist", kind="images", sources=("auto", "idx", "tfds"))
 def load_fashion_mnist(config) -> ImageSplits:
     """Fashion-MNIST (60,000 + 10,000 28x28 images of 10 kinds of clothing, MNIST's IDX format): IDX files in
-    data.dir, or a prepared TFDS fashion_mnist there. It has no synthetic stand-in: data.dir is required
-    (Debian: `apt-get install dataset-fashion-mnist`, then data.dir=/usr/share/datasets/fashion-mnist)."""
+    data.dir, or a prepared TFDS fashion_mnist there (data.source "idx" or "tfds" picks one; "auto" either).
+    It has no synthetic stand-in: data.dir is required (Debian: `apt-get install dataset-fashion-mnist`, then
+    data.dir=/usr/share/datasets/fashion-mnist)."""
     d = config.data
     if not d.dir:
         raise DataError("data.dataset=fashion_mnist needs data.dir: its IDX files (Debian package "
                         "dataset-fashion-mnist: /usr/share/datasets/fashion-mnist) or a prepared TFDS fashion_mnist")
     folder = Path(d.dir)
-    splits = load_idx(folder) if folder.is_dir() else None
+    splits = load_idx(folder) if folder.is_dir() and d.source in ("auto", "idx") else None
     if splits is not None:
         return ImageSplits(splits.train_images, splits.train_labels, splits.test_images, splits.test_labels,
                            source=f"Fashion-MNIST IDX files in {folder}")
-    if (folder / "fashion_mnist").is_dir():
+    if (folder / "fashion_mnist").is_dir() and d.source in ("auto", "tfds"):
         return load_tfds(d.dir, "fashion_mnist")
     raise DataError(f"data.dir={d.dir}: " + ("no such folder" if not folder.is_dir() else
                     "no Fashion-MNIST IDX files (train-images-idx3-ubyte[.gz], ...) or TFDS fashion_mnist/"))
@@ -202,7 +205,7 @@ def synthetic(seed: int, num_train: int = 60_000, num_test: int = 10_000) -> Ima
     return ImageSplits(*train, *test, source=f"synthetic digit-like images (seed {seed}; not MNIST)")
 
 
-@register("mnist", kind="images")
+@register("mnist", kind="images", sources=("auto", "idx", "tfds", "csv", "synthetic"))
 def load_mnist(config) -> ImageSplits:
     """MNIST as config.data gives it (source, dir, seed): see `load`."""
     return load(config.data.source, config.data.dir, config.data.seed)

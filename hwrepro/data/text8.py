@@ -332,8 +332,10 @@ def label_data(config: Any) -> LabelData:
                                 f"{config.train.batch_size} after subsampling (data.subsample={d.subsample})")
             epoch += 1
 
+    # An epoch is one pass over the words that survive subsampling: their expected number, in batches.
+    survivors = float(keep_probabilities(corpus.counts, d.subsample)[train_corpus.tokens].sum())
     return LabelData(source=corpus.source, num_features=corpus.vocab_size, num_labels=corpus.vocab_size,
-                     num_train=cut, steps_per_epoch=max(cut // config.train.batch_size, 1), subset=held,
+                     num_train=cut, steps_per_epoch=max(int(survivors) // config.train.batch_size, 1), subset=held,
                      test=held, num_test=len(subset),
                      details={"tokens": len(corpus.tokens), "vocab_size": corpus.vocab_size, "train_tokens": cut},
                      train_batches=endless)

@@ -118,7 +118,13 @@ def read_image(path: Path, channels: int) -> np.ndarray:
 
     try:
         with Image.open(path) as img:
+            if img.mode.startswith("I;16"):  # 16-bit greyscale: its top 8 bits (convert() would clip at 255)
+                img = Image.fromarray((np.asarray(img, dtype=np.uint16) >> 8).astype(np.uint8))
+            elif img.mode in ("I", "F"):
+                raise DataError(f"{path}: {img.mode!r} images (32-bit) are not read: save 8- or 16-bit ones")
             pixels = np.asarray(img.convert("L" if channels == 1 else "RGB"), dtype=np.uint8)
+    except DataError:
+        raise
     except (OSError, ValueError, UnidentifiedImageError) as e:
         raise DataError(f"{path}: cannot read image ({e})") from None
     return pixels.reshape(*pixels.shape[:2], channels)
@@ -201,6 +207,11 @@ def read_frame_arrays(path: str | Path, sources_path: str | Path | None = None,
     if np.issubdtype(frames.dtype, np.floating) and frames.size and not 0.0 <= frames.min() <= frames.max() <= 1.0:
         raise DataError(f"{path}: float frames must lie in 0..1 (found {frames.min():.4g}..{frames.max():.4g}); "
                         "store 0..255 pixels as uint8")
+    if np.issubdtype(frames.dtype, np.integer) and frames.dtype != np.uint8:  # e.g. int64 from Python lists
+        if frames.size and not 0 <= frames.min() <= frames.max() <= 255:
+            raise DataError(f"{path}: integer frames must be 0..255 pixels (found {frames.min()}..{frames.max()}); "
+                            "store them as uint8, or as floats in 0..1")
+        frames = frames.astype(np.uint8)
     if frames.ndim == 3:
         frames = frames[..., None]
     if frames.ndim != 4:

@@ -360,14 +360,15 @@ def _parse_file(path: str, model_dims: tuple[int, int] | None = None,
             lines = np.arange(line_no - first_line, line_no - first_line + len(block.label_counts))
             filled.append(lines[(block.label_counts + block.feat_counts) > 0][-1:])
             if num_points is not None and np.any(late := (lines >= num_points) & (block.label_counts + block.feat_counts > 0)):
-                raise DataError.at(path, int(lines[late][0]) + first_line, f"more points than the {num_points} the header says")
+                raise DataError.at(path, int(lines[late][0]) + first_line, f"more points than the {num_points} the "
+                                   "header says (a blank line between points is an empty point)")
             keep = (lines % count == index) & (lines < (num_points if num_points is not None else np.inf))
             blocks.append(block if keep.all() else _block_rows(block, keep))
             line_no += len(block.label_counts)
-    n_lines = line_no - first_line
-    if num_points is None:  # no header: every line is a point, but for blank lines at the end
-        last = np.concatenate(filled or [np.zeros(0, np.int64)])
-        num_points = int(last[-1]) + 1 if len(last) else 0
+    last = np.concatenate(filled or [np.zeros(0, np.int64)])
+    n_lines = int(last[-1]) + 1 if len(last) else 0  # every line is a point, but for blank lines at the end
+    if num_points is None:  # no header
+        num_points = n_lines
     if n_lines < num_points:
         raise DataError.at(path, n_lines + first_line, f"file ends after {n_lines} points, the header says {num_points}")
 
@@ -867,6 +868,15 @@ class LabelData:
     train_batches: Callable[[], Iterator[dict[str, np.ndarray]]]
 
 
+def evaluation_label_width(data: XCData, max_labels: int) -> int:
+    """The labels width of evaluation batches: max_labels (training's), or the most labels a point of `data`
+    has (over every process's share), so that no label is cut off."""
+    from hwrepro.harness.parallel import max_over_processes
+
+    widest = int(data.labels_per_point().max()) if data.num_points else 0
+    return max(max_labels, max_over_processes(widest))
+
+
 def label_data(train: XCData, test: XCData, config: Any) -> LabelData:
     """LabelData of a (train, test) pair for a run's config (data.max_features / max_labels widths,
     train.batch_size, eval.subset / final_points, data.seed for the evaluation subsets, seed for the order)."""
@@ -876,13 +886,15 @@ def label_data(train: XCData, test: XCData, config: Any) -> LabelData:
         raise ConfigError(f"train.batch_size={config.train.batch_size} exceeds the {batcher.num_points} training "
                           f"points of {train.source}")
     final = test if not config.eval.final_points else fixed_subset(test, config.eval.final_points, d.seed)
-    final_batcher = XCBatcher(final, d.max_features, d.max_labels)
-    subset = XCBatcher(fixed_subset(test, config.eval.subset, d.seed), d.max_features, d.max_labels)
+    # Evaluation keeps every label of a point (a correct prediction of a label cut off would count as a miss).
+    width = evaluation_label_width(test, d.max_labels)
+    final_batcher = XCBatcher(final, d.max_features, width)
+    subset = XCBatcher(fixed_subset(test, config.eval.subset, d.seed), d.max_features, width)
     source = train.source if "synthetic" in train.source else f"{train.source} + {test.source}"
     num_test = test.share.num_points if test.share is not None else test.num_points
     details = {"num_train": batcher.num_points, "num_test": num_test, "num_final_eval": final_batcher.num_points,
                "num_features": train.num_features, "num_labels": train.num_labels,
-               "truncation_train": vars(batcher.truncation),
+               "truncation_train": vars(batcher.truncation), "truncation_test": vars(final_batcher.truncation),
                "features_per_point": float(train.features_per_point().mean()),
                "labels_per_point": float(train.labels_per_point().mean())}
     if train.share is not None:  # the statistics above are of this process's points

@@ -16,20 +16,21 @@ from hwrepro import data
 from hwrepro.data import mnist
 from hwrepro.errors import ConfigError
 from hwrepro.harness import numerics, trained
-from hwrepro.harness.loop import fit, snapshotter
+from hwrepro.harness.loop import fit, snapshot_spacing, snapshotter
 from hwrepro.harness.records import Run
 from hwrepro.models import reconstruction_loss
 from hwrepro.models.model_registry import model_class
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
-    data.get(config.data.dataset, "images")
+    sources = data.get(config.data.dataset, "images").sources
     model_class(config.model.name, _model_fields(config))
     sizes = list(config.model.get("encoder_sizes") or ())
     if "encoder_sizes" in config.model and (not sizes or any(not isinstance(n, int) or n <= 0 for n in sizes)):
         raise ConfigError(f"model.encoder_sizes={sizes} must be a non-empty list of positive integers")
-    if config.data.source not in ("auto", "idx", "tfds", "csv", "synthetic"):
-        raise ConfigError(f"data.source={config.data.source!r} is not one of auto, idx, tfds, csv, synthetic")
+    if config.data.source not in sources:
+        raise ConfigError(f"data.source={config.data.source!r} is not one of {', '.join(sources)} for "
+                          f"data.dataset={config.data.dataset!r}")
 
 
 def make_model(config: ml_collections.ConfigDict):
@@ -100,7 +101,7 @@ def run(config: ml_collections.ConfigDict, rec: Run):
     state = fit(state, train_step, batches, num_steps=num_steps, examples_per_step=config.train.batch_size,
                 rec=rec, log_every=config.train.log_every, steps_per_epoch=steps_per_epoch,
                 eval_fn=lambda s: {"loss": _eval_loss(s, test_x)}, eval_every=config.train.eval_every,
-                snapshot_every=num_steps // config.train.checkpoints if config.train.checkpoints else 0,
+                snapshot_every=snapshot_spacing(num_steps, config.train.checkpoints),
                 snapshot_fn=at_snapshot, checkpoint_every=config.train.checkpoint_every,
                 checkpoint_keep=config.train.checkpoint_keep)
     test_loss = float(_eval_loss(state, test_x))

@@ -29,7 +29,7 @@ from hwrepro.models.model_registry import model_class
 from hwrepro.models.predictive_coding import (PredNet, layer_loss_weights, param_count, time_loss_weights,
                                     weighted_error_loss)
 from hwrepro.harness.records import Run
-from hwrepro.harness.loop import fit, snapshotter
+from hwrepro.harness.loop import fit, snapshot_spacing, snapshotter
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
@@ -265,7 +265,7 @@ def run(config: ml_collections.ConfigDict, rec: Run) -> tuple[dict[str, Any], An
                                  probe_batch=probe, hessian_iters=t.hessian_iters, key=jax.random.key(d.seed))
     state = fit(state, step, batches, num_steps=num_steps, examples_per_step=t.batch_size, rec=rec,
                 log_every=t.log_every, steps_per_epoch=steps_per_epoch, eval_fn=eval_fn,
-                eval_every=t.eval_every, snapshot_every=num_steps // t.checkpoints if t.checkpoints else 0,
+                eval_every=t.eval_every, snapshot_every=snapshot_spacing(num_steps, t.checkpoints),
                 snapshot_fn=at_snapshot, checkpoint_every=t.checkpoint_every, checkpoint_keep=t.checkpoint_keep)
 
     final, predictions = evaluate_on(state.params, eval_model, splits.test, starts["test"])

@@ -22,7 +22,7 @@ from hwrepro import sparse
 from hwrepro.data import xc
 from hwrepro.errors import ConfigError
 from hwrepro.harness import numerics, parallel, trained
-from hwrepro.harness.loop import fit, snapshotter
+from hwrepro.harness.loop import fit, snapshot_spacing, snapshotter
 from hwrepro.harness.progress import Progress
 from hwrepro.harness.records import Run
 from hwrepro.sparse import lsh, sharded
@@ -243,7 +243,7 @@ def predict_file(model: Any, path: str, output: str, *, k: int = 5, lsh: bool = 
     renamed into place when complete."""
     c, p = model.config, model.params
     points = xc.read_points(path, p["input"]["embedding"].shape[0], p["output"]["weight"].shape[0])
-    batcher = xc.XCBatcher(points, c.data.max_features, c.data.max_labels)
+    batcher = xc.XCBatcher(points, c.data.max_features, xc.evaluation_label_width(points, c.data.max_labels))
     predict = model.predictor(k=max(k, *KS), lsh=lsh)
     num_batches = -(-points.num_points // c.eval.batch_size)
     progress = Progress(num_batches, f"predict {os.path.basename(path)}" + (" (LSH-scored)" if lsh else ""),
@@ -354,7 +354,7 @@ def run(config: ml_collections.ConfigDict, rec: Run):
     state = fit(state, train_step, data.train_batches(), num_steps=num_steps,
                 examples_per_step=config.train.batch_size, rec=rec, log_every=config.train.log_every,
                 steps_per_epoch=data.steps_per_epoch, eval_fn=eval_subset, eval_every=config.train.eval_every,
-                after_step=after_step, snapshot_every=max(num_steps // snapshots, 1) if snapshots else 0,
+                after_step=after_step, snapshot_every=snapshot_spacing(num_steps, snapshots),
                 snapshot_fn=snapshotter(rec, lambda s: ops.model_params(s.params)),
                 checkpoint_every=config.train.checkpoint_every,
                 checkpoint_keep=config.train.checkpoint_keep, host=timing)

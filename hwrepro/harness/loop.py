@@ -160,6 +160,12 @@ def fit(state: Any,
     return state
 
 
+def snapshot_spacing(num_steps: int, snapshots: int) -> int:
+    """`fit`'s snapshot_every for about `snapshots` evenly spaced parameter snapshots (train.checkpoints; 0:
+    none), the last step's always among them: every num_steps // snapshots steps, at least every step."""
+    return max(num_steps // snapshots, 1) if snapshots else 0
+
+
 def _agreed_stop(stop: str | None) -> str | None:
     """A signal pending in any process of the run (its name, or that of the lowest process that has one), so
     that all of them checkpoint and stop at the same step; None when none has. One small all-gather."""

@@ -206,6 +206,18 @@ def merge_over_processes(parts: dict[str, Any]) -> dict[str, Any]:
             for i, k in enumerate(names)}
 
 
+def max_over_processes(value: int) -> int:
+    """The largest of each process's `value` (a collective when the run has several processes)."""
+    import jax
+
+    if jax.process_count() == 1:
+        return int(value)
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    return int(np.max(multihost_utils.process_allgather(np.int32(value))))
+
+
 def to_host(x: Any) -> Any:
     """A (possibly multi-process) array as a NumPy array in this process, gathered from the others if need be."""
     import jax

@@ -102,12 +102,14 @@ def softmax_xent(logits: jax.Array, targets: jax.Array, mask: jax.Array | None =
     Args:
       logits: float32 [B, M].
       targets: [B, M] target distribution per example (SLIDE: 1/|labels| on each true label), rows summing
-        to 1, or to 0 for a padding example, which then contributes nothing.
+        to 1; to less where some of an example's labels are not among the candidates (more labels than M),
+        to 0 for a padding example, which then contributes nothing.
       mask: [M] or [B, M] bool, False at padding candidates (excluded from the softmax), or None.
 
     Returns:
-      scalar sum_b (logsumexp(z_b) - <t_b, z_b>) * [t_b sums to 1] / B; its gradient with respect to the
-      logits is (p - t) / B for every real example: SLIDE's (1/|labels| - p) / B with the sign of a gradient.
+      scalar sum_b (w_b logsumexp(z_b) - <t_b, z_b>) / B with w_b = sum(t_b); its gradient with respect to the
+      logits is (w_b p - t) / B: for an example whose labels are all candidates (w_b = 1), SLIDE's
+      (1/|labels| - p) / B with the sign of a gradient.
     """
     if mask is None:
         mask = jnp.ones((), bool)

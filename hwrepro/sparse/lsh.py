@@ -380,7 +380,7 @@ def query(fn: HashFn, tables: Tables | BucketTables, x: Array, bucket_capacity: 
 def probe_codes(fn: HashFn, x: Array, probe_bits: int) -> Array:
     """Multi-probe bucket ids int32 [B, L, 2**probe_bits]: x's own bucket, then those where any subset of the
     table's `probe_bits` least certain hashes took its next most likely value (Lv et al. 2007), in the order
-    of the subsets' binary numbers (each single hash before pairs of them).
+    of the subsets' binary numbers (hash 0, hash 1, both, hash 2, ...).
 
     Uses the family's `hash_changes` (SimHash: flip the bits of the hyperplanes x lies closest to; DWTA:
     a bin's runner-up slot where it lost by the least). Hashes with an infinite margin are never changed.
@@ -451,7 +451,9 @@ def refile(fn: HashFn, tables: BucketTables, weights: Array, key: Array, block: 
     bucket and takes a free slot of its new one; rows not filed (their bucket was full) take free slots too.
     Overflow, when a bucket has no free slot left: a moved row replaces a random filed row with probability
     C / (rows hashed to the bucket), SLIDE's reservoir sampling, so a full bucket stays a near-uniform
-    sample of its rows; otherwise it stays unfiled (row_slot -1) until a slot frees or the next full build.
+    sample of its rows; otherwise it stays unfiled (row_slot -1) until it is noted again (its weights change)
+    or the next full build: a slot that frees later is not offered to it, nor to a row of an earlier block
+    of the same refile, so between full builds a bucket may hold fewer rows than it could.
     Without overflow the result holds the same ids per bucket as a full build of the same weights.
     """
     n = tables.row_bucket.shape[1]

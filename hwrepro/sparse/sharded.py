@@ -177,7 +177,8 @@ def build_tables(mesh: jax.sharding.Mesh, hash_fn: Any, weight: jax.Array, key: 
         if s not in built:
             fn, k = _on_device((hash_fn, key), shard.device)
             w = sparse_adam.from_storage(shard.data).astype(jnp.float32)
-            built[s] = lsh.build_tables(fn, w, jax.random.fold_in(k, s))
+            # One model shard builds with the key itself: a data-parallel-only run has the one-device tables.
+            built[s] = lsh.build_tables(fn, w, jax.random.fold_in(k, s) if _axis_size(mesh, MODEL) > 1 else k)
         per_device.append(jax.device_put(built[s], shard.device))
     return jax.tree_util.tree_map(
         lambda *parts: jax.make_array_from_single_device_arrays(
@@ -513,15 +514,17 @@ def topk_scored(mesh: jax.sharding.Mesh, params: Params, batch: Batch, k: int, *
 def topk_lsh(mesh: jax.sharding.Mesh, params: Params, hash_fn: Any, tables: lsh.Tables, batch: Batch, k: int, *,
              num_labels: int, bucket_capacity: int = 16, dtype: Any = jnp.float32) -> jax.Array:
     """evaluation.topk_lsh over the mesh: each shard scores the rows its own tables retrieve, then the merge.
-    int32 [B, k] (P("data")), -1 where fewer than k neurons were retrieved over all shards."""
+    The mesh reads bucket_capacity ids of a bucket in all, as one device does (each shard its share, as the
+    training step's query). int32 [B, k] (P("data")), -1 where fewer than k neurons were retrieved over all
+    shards."""
     def local(params, hash_fn, tables, batch):
         params = training.model_params(params)
         p_in, p_out = params["input"], params["output"]
         rows = p_out["weight"].shape[0]
         offset = lax.axis_index(MODEL) * rows
         h = _dense_hidden(p_in, batch, dtype)[0]
-        ids, z = lsh_logits(p_out["weight"], p_out["bias"], h, hash_fn,
-                                  lsh.Tables(tables.ids[0], tables.starts[0]), bucket_capacity, dtype)
+        ids, z = lsh_logits(p_out["weight"], p_out["bias"], h, hash_fn, lsh.Tables(tables.ids[0], tables.starts[0]),
+                            -(-bucket_capacity // lax.psum(1, MODEL)), dtype)
         z = jnp.where(ids + offset < num_labels, z, -jnp.inf)
         v, j = lax.top_k(z, k)
         v, ids = _merge_topk(v, jnp.take_along_axis(ids, j, axis=1) + offset, k)

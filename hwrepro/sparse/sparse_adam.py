@@ -14,7 +14,8 @@ docs/benchmarks.md, "bf16, ISA cap, huge pages, freed-memory reuse").
 
 Semantics are those of TF's LazyAdam and PyTorch's SparseAdam: the moments of an untouched row do not decay,
 and bias correction uses the global step count (incremented once per update). With the same rows touched every
-step the result equals `optax.adam` on those rows, bit for bit.
+step the result is `optax.adam`'s on those rows, up to float rounding (the same formulas; XLA may round a
+product or a fused multiply-add differently: tests/test_row_adam.py checks 1e-6).
 
 Shaped like an optax transformation, over a pytree of tables (each leaf [num_rows, ...]) with one array of
 touched row ids per table:
@@ -155,8 +156,8 @@ def update_blocks(table: jax.Array, mu_table: jax.Array, nu_table: jax.Array, co
 def adam_rows(w: jax.Array, mu: jax.Array, nu: jax.Array, g: jax.Array, count: jax.Array, lr: float | jax.Array,
               b1: float, b2: float, eps: float) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Adam's step on gathered float32 rows (w, its moments mu and nu, its gradient g; count: the step number
-    after this update, from 1): (new w, new mu, new nu). The same operations in the same order as
-    optax.adam, so the rows match it bit for bit."""
+    after this update, from 1): (new w, new mu, new nu). optax.adam's formulas, equal to its result up to
+    float rounding."""
     mu = b1 * mu + (1.0 - b1) * g
     nu = b2 * nu + (1.0 - b2) * g * g
     mu_hat = mu / (1.0 - b1**count).astype(jnp.float32)
