@@ -84,6 +84,10 @@ def test_mnist_csv_rows_are_split_by_seed_and_bad_rows_name_their_line(tmp_path)
     bad.write_text("\n".join(",".join(map(str, r)) for r in rows[:2]) + "\n1,2,3\n")
     with pytest.raises(DataError, match=r"bad.csv:3: 3 values, expected 785"):
         mnist.read_csv(bad)
+    label_first = tmp_path / "label_first.csv"  # pjreddie's layout: the label, then 784 pixels
+    label_first.write_text("\n".join(",".join(map(str, [r[784], *r[:784]])) for r in rows[:3]) + "\n")
+    with pytest.raises(DataError, match=r"label_first.csv:1: label \d+ is not a digit 0..9 \(the label comes last\)"):
+        mnist.read_csv(label_first)
 
 
 def test_idx_files_are_gunzipped_by_content_and_broken_gzip_is_one_line(tmp_path):

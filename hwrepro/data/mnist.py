@@ -133,6 +133,8 @@ def read_csv(path: Path, test_fraction: float = 0.2, seed: int = 0) -> ImageSpli
             raise DataError.at(path, number, "a value is not an integer") from None
         if min(values[:784]) < 0 or max(values[:784]) > 255:
             raise DataError.at(path, number, "a pixel is outside 0..255")
+        if not 0 <= values[784] <= 9:  # e.g. a label-first CSV, whose last value is a pixel
+            raise DataError.at(path, number, f"label {values[784]} is not a digit 0..9 (the label comes last)")
         rows.append(values)
     if len(rows) < 2:
         raise DataError(f"{path}: {len(rows)} image rows; need at least 2 (train and test)")
