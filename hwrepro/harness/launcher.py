@@ -87,8 +87,9 @@ def predict(workdir: str, path: str, output: str, k: int = 5, lsh: bool = False,
                          f"{model.config.experiment!r} models predict from Python: hwrepro.load({workdir!r}).predict")
     result = module.predict_file(model, path, output, k=k, lsh=lsh)
     shown = " ".join(f"{name} {value:.4f}" for name, value in result.items() if name.startswith("P@"))
-    print(f"predicted {result['points']:,} points in {result['seconds']:.1f} s ({result['points_per_s']:,.0f} "
-          f"points/s, {'LSH' if lsh else 'dense'}-scored) -> {output}" + (f"; {shown}" if shown else ""))
+    rate = f"{result['points_per_s']:,.0f}" if result["points_per_s"] >= 10 else f"{result['points_per_s']:.2g}"
+    print(f"predicted {result['points']:,} points in {result['seconds']:.1f} s ({rate} points/s, "
+          f"{'LSH' if lsh else 'dense'}-scored) -> {output}" + (f"; {shown}" if shown else ""))
     return runner.EXIT_DONE
 
 
