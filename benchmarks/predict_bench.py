@@ -36,7 +36,7 @@ def predict(workdir: Path, points: Path, out: Path, *flags: str) -> dict[str, fl
     line = child.stdout.read().strip().splitlines()[-1]
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"predict failed: {line}")
-    rate = float(re.search(r"\(([\d,]+) points/s", line).group(1).replace(",", ""))
+    rate = float(re.search(r"\(([\d.,]+) points/s", line).group(1).replace(",", ""))
     return {"points_per_s": rate, "P@1": float(re.search(r"P@1 ([\d.]+)", line).group(1)), "wall_s": wall,
             "peak_rss_gb": usage.ru_maxrss / 1e6}
 

@@ -18,6 +18,6 @@ def get_config():
     c.model.num_candidates = 4096
     c.data.max_features = 1           # the centre word
     c.data.max_labels = 10            # 2 * window context words
-    c.train.num_steps = 5000          # an epoch of text8 is ~70,000 batches; raise for full runs
+    c.train.num_steps = 5000          # an epoch: the words subsampling keeps / 128 batches; raise for full runs
     c.train.eval_every = 1000
     return c

@@ -88,6 +88,11 @@ def test_mnist_csv_rows_are_split_by_seed_and_bad_rows_name_their_line(tmp_path)
     label_first.write_text("\n".join(",".join(map(str, [r[784], *r[:784]])) for r in rows[:3]) + "\n")
     with pytest.raises(DataError, match=r"label_first.csv:1: label \d+ is not a digit 0..9 \(the label comes last\)"):
         mnist.read_csv(label_first)
+    corner_zero = rows.copy()  # MNIST's last pixel is always 0: a label-first file then reads every label as 0
+    corner_zero[:, 783] = 0
+    label_first.write_text("\n".join(",".join(map(str, [r[784], *r[:784]])) for r in corner_zero[:25]) + "\n")
+    with pytest.raises(DataError, match=r"label_first.csv: every row's label \(its last value\) is 0: is the label first"):
+        mnist.read_csv(label_first)
 
 
 def test_idx_files_are_gunzipped_by_content_and_broken_gzip_is_one_line(tmp_path):

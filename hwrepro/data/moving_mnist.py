@@ -76,7 +76,7 @@ def as_video(videos: np.ndarray, name: str, image_size: tuple[int, int], resize:
     return VideoFrames(frames, np.repeat([f"{name}-{v:05d}" for v in range(num_videos)], num_frames), source)
 
 
-@register("moving_mnist", kind="video")
+@register("moving_mnist", kind="video", sources=mnist.MNIST_SOURCES)
 def load(config: Any) -> VideoSplits:
     """Moving MNIST for PredNet from config.data: source and dir choose the digits (`mnist.load`), seed the
     videos (train, val and test from seed + 0, 1, 2 thousand), `moving_mnist` the generator's fields

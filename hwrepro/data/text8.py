@@ -338,4 +338,4 @@ def label_data(config: Any) -> LabelData:
                      num_train=cut, steps_per_epoch=max(int(survivors) // config.train.batch_size, 1), subset=held,
                      test=held, num_test=len(subset),
                      details={"tokens": len(corpus.tokens), "vocab_size": corpus.vocab_size, "train_tokens": cut},
-                     train_batches=endless)
+                     train_batches=endless, label_slots=2 * d.window)

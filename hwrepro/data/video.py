@@ -491,7 +491,7 @@ def load_split(source: str, data_dir: str, split: str, *, image_size: tuple[int,
     return synthetic_moving_objects(image_size=image_size, channels=channels, seed=split_seed, **(synthetic or {}))
 
 
-@register("video", kind="video")
+@register("video", kind="video", sources=SOURCES)
 def load_video(config: Any) -> VideoSplits:
     """The "video" data set from config.data (source, dir, image_size, channels, resize, nt, seed, and the
     video-file and synthetic fields; a config without the video-file fields gets load_splits' defaults)."""

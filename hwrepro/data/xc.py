@@ -8,7 +8,8 @@ so no per-point Python objects are ever built. Batches are fixed-shape dicts in 
 
   feat_ids  int32   [B, max_features]  padding = num_features
   feat_vals float32 [B, max_features]  padding = 0
-  labels    int32   [B, max_labels]    padding = num_labels
+  labels    int32   [B, max_labels]    padding = num_labels (evaluation batches: as wide as the split's
+                                       widest point, so no label is cut: evaluation_label_width)
 """
 
 from __future__ import annotations
@@ -365,11 +366,11 @@ def _parse_file(path: str, model_dims: tuple[int, int] | None = None,
             keep = (lines % count == index) & (lines < (num_points if num_points is not None else np.inf))
             blocks.append(block if keep.all() else _block_rows(block, keep))
             line_no += len(block.label_counts)
-    last = np.concatenate(filled or [np.zeros(0, np.int64)])
-    n_lines = int(last[-1]) + 1 if len(last) else 0  # every line is a point, but for blank lines at the end
-    if num_points is None:  # no header
-        num_points = n_lines
-    if n_lines < num_points:
+    n_lines = line_no - first_line
+    if num_points is None:  # no header: every line is a point, but for blank lines at the end
+        last = np.concatenate(filled or [np.zeros(0, np.int64)])
+        num_points = int(last[-1]) + 1 if len(last) else 0
+    if n_lines < num_points:  # (with a header, a blank line is an empty point, as write_xc writes one)
         raise DataError.at(path, n_lines + first_line, f"file ends after {n_lines} points, the header says {num_points}")
 
     def cat(name, dtype):
@@ -866,6 +867,7 @@ class LabelData:
     num_test: int
     details: dict[str, Any]
     train_batches: Callable[[], Iterator[dict[str, np.ndarray]]]
+    label_slots: int  # the labels width of the training batches (evaluation batches may be wider)
 
 
 def evaluation_label_width(data: XCData, max_labels: int) -> int:
@@ -902,7 +904,8 @@ def label_data(train: XCData, test: XCData, config: Any) -> LabelData:
     return LabelData(source=source, num_features=train.num_features, num_labels=train.num_labels,
                      num_train=batcher.num_points, steps_per_epoch=batcher.steps_per_epoch(config.train.batch_size),
                      subset=subset, test=final_batcher, num_test=final_batcher.num_points, details=details,
-                     train_batches=lambda: batcher.epochs(config.train.batch_size, seed=config.seed))
+                     train_batches=lambda: batcher.epochs(config.train.batch_size, seed=config.seed),
+                     label_slots=d.max_labels)
 
 
 def _register_shape(name: str) -> None:

@@ -2,8 +2,8 @@
 layer, against sampled and dense full softmax in the same code path (`model.method`).
 
 The loop is the shared `fit`; what is SLIDE's own here: the table-rebuild schedule (timed, since rebuilds are
-part of SLIDE's cost), precision@k on a fixed shuffled test subset during training and on the whole test split
-at the end (dense scoring, plus LSH scoring for the lsh method).
+part of SLIDE's cost), precision@k on a fixed shuffled test subset during training and at the end on the test split (or
+eval.final_points of it; text8: its held-out pairs), by dense scoring, plus LSH scoring for the lsh method.
 """
 
 from __future__ import annotations
@@ -296,8 +296,7 @@ def run(config: ml_collections.ConfigDict, rec: Run):
     incremental = m.method == "lsh" and config.lsh.maintenance == "incremental"
     layout = {}
     if incremental:  # buckets of model.bucket_capacity ids, room for the rows changed between two refiles
-        labels = next(data.subset.ordered(1))["labels"].shape[1]  # the batches' label slots
-        own = labels + config.lsh.num_tables * m.bucket_capacity  # an example's own ids: labels and retrieved
+        own = data.label_slots + config.lsh.num_tables * m.bucket_capacity  # an example's own ids: labels, retrieved
         per_step = sparse.changed_rows_per_step(m.candidate_mode, m.num_candidates, config.train.batch_size, own)
         layout = dict(table_capacity=m.bucket_capacity, pending_rows=config.lsh.update_every * per_step)
     param_dtype = numerics.jnp_dtype(config.numerics.param_dtype)

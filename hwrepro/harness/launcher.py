@@ -62,7 +62,7 @@ def predict(workdir: str, path: str, output: str, k: int = 5, lsh: bool = False,
         raise DataError(f"--output={output} exists; choose another path or add --overwrite")
     if not Path(output).absolute().parent.is_dir():
         raise DataError(f"--output={output}: no folder {Path(output).absolute().parent}")
-    if Path(output).resolve().is_relative_to(Path(workdir).resolve()):
+    if (Path(output).absolute().parent.resolve() / Path(output).name).is_relative_to(Path(workdir).resolve()):
         raise DataError(f"--output={output} is inside the run folder {workdir}: write it elsewhere (the run's files "
                         "are never overwritten)")
     if Path(path).is_dir():

@@ -140,8 +140,8 @@ def fit(state: Any,
                         row.update(snapshot_fn(step, state))
                 row.update(loop_fields(spent, host))
                 rec.log(step, **row)
-                if last and stop is None and not several:  # a signal that came during the last step's work
-                    stop = interrupts.pending()
+                if last and stop is None:  # a signal that came during the last step's work (every process is here)
+                    stop = _agreed_stop(interrupts.pending()) if several else interrupts.pending()
                     checkpoint = ckpt is not None and stop is not None
                 if checkpoint:
                     with timed(spent, "checkpoint_seconds"):

@@ -221,8 +221,12 @@ def model_folder(workdir: Path) -> Path:
 
 
 def resume_hint(workdir: Path) -> str:
-    """How to resume an interrupted run or sweep: the folder named, since a command without --workdir starts
-    a fresh one (launcher.default_workdir)."""
+    """How to resume an interrupted run or sweep: the folder the command is given, since a command without
+    --workdir starts a fresh one (launcher.default_workdir). From process i > 0's record folder, the run's;
+    from a sweep's point, the sweep's."""
+    workdir = parallel.run_workdir(Path(workdir))
+    if (workdir.parent / SWEEP_FILE).exists():
+        workdir = workdir.parent
     return f"the same command with --workdir={workdir} resumes it"
 
 

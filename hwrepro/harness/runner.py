@@ -133,6 +133,8 @@ def _run_locked(config: ml_collections.ConfigDict, workdir: Path, quiet: bool) -
             rec.discard()
             if prepared.aside:
                 Run.put_back(workdir, prepared.aside)
+                if not quiet:
+                    print(f"the unfinished run moved to {prepared.aside} is back in {workdir}", flush=True)
         else:
             rec.fail(str(e))
         raise

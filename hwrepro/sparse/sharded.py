@@ -160,7 +160,7 @@ def place(mesh: jax.sharding.Mesh, tree: Any) -> Any:
 def build_tables(mesh: jax.sharding.Mesh, hash_fn: Any, weight: jax.Array, key: jax.Array) -> lsh.Tables:
     """LSH tables per shard over its own rows of weight [N_pad, H] (P("model")): Tables(ids int32
     [model, L, n] local ids, starts [model, L, buckets + 1]), P("model"). Shard s's in-bucket order is drawn
-    from key folded with s. No collectives: each process builds the shards it holds, once per model shard,
+    from key folded with s (one model shard: from key itself, the one-device tables). No collectives: each process builds the shards it holds, once per model shard,
     and copies them to that shard's other data replicas' devices.
 
     Built outside shard_map, one lsh.build_tables (a single-device jit, NumPy's sort on the CPU) per model
@@ -526,6 +526,9 @@ def topk_lsh(mesh: jax.sharding.Mesh, params: Params, hash_fn: Any, tables: lsh.
         ids, z = lsh_logits(p_out["weight"], p_out["bias"], h, hash_fn, lsh.Tables(tables.ids[0], tables.starts[0]),
                             -(-bucket_capacity // lax.psum(1, MODEL)), dtype)
         z = jnp.where(ids + offset < num_labels, z, -jnp.inf)
+        if k > z.shape[1]:  # a shard scores fewer than k: the rest are -inf, dropped as -1 below
+            pad = ((0, 0), (0, k - z.shape[1]))
+            z, ids = jnp.pad(z, pad, constant_values=-jnp.inf), jnp.pad(ids, pad)
         v, j = lax.top_k(z, k)
         v, ids = _merge_topk(v, jnp.take_along_axis(ids, j, axis=1) + offset, k)
         return jnp.where(v > -jnp.inf, ids, -1)

@@ -7,9 +7,11 @@ The sweep folder DIR holds
                    configuration = the name without the seed), the shard this invocation ran, report settings;
 - DIR/<point>/     one run folder per point (config.json, run.json, metrics.jsonl, final.json, ...), plus
                    output.txt, everything the point's process printed;
-- report.md, *.png the comparison (hwrepro.study.report), rewritten at the end of every invocation.
+- report.md, *.png, report.html: the comparison (hwrepro.study.report), rewritten at the end of every
+                   invocation that is not interrupted.
 
-A point whose run.json says `done` is never run again, so rerunning the same command resumes a killed sweep.
+A point whose run.json says `done` is never run again, so rerunning the same command with the same --workdir
+resumes a killed sweep.
 A failing point is recorded (`failed: why` in its run.json) and the sweep goes on; a point asking for a
 platform this machine lacks (exit code 3) is recorded as `skipped: why`. Points are run one after another:
 each may use every core (its `numerics.threads` decides), and timings stay comparable.

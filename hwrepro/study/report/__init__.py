@@ -7,7 +7,7 @@ run's (curves, where the time went, config, environment).
 The first reads DIR/sweep.json and each point's run folder (hwrepro.study.sweep writes them) and writes
 DIR/report.md with PNG plots next to it, and DIR/report.html, the same with the plots inline. The second
 writes W/report.html (every run also writes its own when it ends), or for several run folders one page that
-overlays them (FILE, default report.html here). One module and command for both: the package has no second
+overlays them; --out FILE puts either page there instead (several folders: default report.html here). One module and command for both: the package has no second
 module named `report`. A *configuration* is a set-up: the points that differ only in their repeat fields
 (`group_over`, default the seed). The report gives, per configuration, the final metric over seeds and its
 difference from a reference configuration (Welch's t-test, Hedges' g); which runs ended bit-identical
@@ -67,8 +67,8 @@ def main(argv: list[str] | None = None) -> int:
                     "and epochs for several runs.")
     parser.add_argument("paths", nargs="+", metavar="DIR", help="the sweep folder (holds sweep.json); with "
                         "--html or --time-to-accuracy, run folders (each holds run.json and metrics.jsonl)")
-    parser.add_argument("--html", action="store_true", help="write W/report.html for one run folder, or one "
-                        "page overlaying several (--out)")
+    parser.add_argument("--html", action="store_true", help="write the HTML report of one run folder, or one "
+                        "page overlaying several (where: --out)")
     parser.add_argument("--out", help="with --html: the page to write (default: W/report.html for one run "
                         "folder, report.html in the current folder for several)")
     parser.add_argument("--metric", help="final.json entry to compare (default: report.metric or test_loss); "
