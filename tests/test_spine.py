@@ -300,3 +300,14 @@ def test_synthetic_digits_are_deterministic_and_learnable_shapes():
     assert (nearest == a.train_labels).mean() > 0.5
     c = mnist.synthetic(4, num_train=200, num_test=50)
     assert not np.array_equal(a.train_images, c.train_images)
+
+
+def test_the_resume_hint_names_the_folder_the_command_takes(tmp_path, monkeypatch):
+    from hwrepro.harness import parallel
+
+    assert records.resume_hint(tmp_path / "run") == f"the same command with --workdir={tmp_path / 'run'} resumes it"
+    (tmp_path / "sweep" / "seed=0").mkdir(parents=True)
+    (tmp_path / "sweep" / "sweep.json").write_text("{}")
+    assert f"--workdir={tmp_path / 'sweep'} " in records.resume_hint(tmp_path / "sweep" / "seed=0")  # a point
+    monkeypatch.setenv(parallel.PROCESS_ENV, "1/2@127.0.0.1:1234")  # process 1 records in <run>/process-1
+    assert f"--workdir={tmp_path / 'run'} " in records.resume_hint(tmp_path / "run" / "process-1")
