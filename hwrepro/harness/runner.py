@@ -135,7 +135,7 @@ def _run_locked(config: ml_collections.ConfigDict, workdir: Path, quiet: bool) -
                 Run.put_back(workdir, prepared.aside)
                 if not quiet:
                     print(f"the unfinished run moved to {prepared.aside} is back in {workdir}", flush=True)
-        else:
+        else:  # bad data in a folder that held no earlier run: the failed attempt is recorded
             rec.fail(str(e))
         raise
     except (HwreproError, RunFailed) as e:
