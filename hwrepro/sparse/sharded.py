@@ -160,8 +160,9 @@ def place(mesh: jax.sharding.Mesh, tree: Any) -> Any:
 def build_tables(mesh: jax.sharding.Mesh, hash_fn: Any, weight: jax.Array, key: jax.Array) -> lsh.Tables:
     """LSH tables per shard over its own rows of weight [N_pad, H] (P("model")): Tables(ids int32
     [model, L, n] local ids, starts [model, L, buckets + 1]), P("model"). Shard s's in-bucket order is drawn
-    from key folded with s (one model shard: from key itself, the one-device tables). No collectives: each process builds the shards it holds, once per model shard,
-    and copies them to that shard's other data replicas' devices.
+    from key folded with s (one model shard: from key itself, the one-device tables). No collectives: each
+    process builds the shards it holds, once per model shard, and copies them to that shard's other data
+    replicas' devices.
 
     Built outside shard_map, one lsh.build_tables (a single-device jit, NumPy's sort on the CPU) per model
     shard: XLA:CPU deadlocks when several devices of one program each run a pure_callback on a large operand

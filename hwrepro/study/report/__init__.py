@@ -5,17 +5,17 @@ run's (curves, where the time went, config, environment).
     python -m hwrepro.study.report --html W [W ...] [--out FILE]
 
 The first reads DIR/sweep.json and each point's run folder (hwrepro.study.sweep writes them) and writes
-DIR/report.md with PNG plots next to it, and DIR/report.html, the same with the plots inline. The second
-writes W/report.html (every run also writes its own when it ends), or for several run folders one page that
-overlays them; --out FILE puts either page there instead (several folders: default report.html here). One
-module and command for both: the package has no second module named `report`. A *configuration* is a set-up: the points that differ only in their repeat fields
-(`group_over`, default the seed). The report gives, per configuration, the final metric over seeds and its
-difference from a reference configuration (Welch's t-test, Hedges' g); which runs ended bit-identical
-(param_sha256); mean loss curves; the divergence of runs that share a seed (same initial parameters and data
-order) from the reference run of that seed, over the checkpoints of trajectory.npz and the logged losses; and
-the Hessian's extreme eigenvalues at checkpoints (the saddle-point diagnostic). Each comparison states its minimum
-detectable effect (80% power, alpha 0.05) beside the measured one. Points that failed, were
-skipped or have not run are listed, never dropped silently.
+DIR/report.md with PNG plots next to it, and DIR/report.html, the same with the plots inline. The second writes
+W/report.html (every run also writes its own when it ends), or for several run folders one page that overlays them;
+--out FILE puts either page there instead (several folders: default report.html here). One module and command for
+both: the package has no second module named `report`. A *configuration* is a set-up: the points that differ only
+in their repeat fields (`group_over`, default the seed). The report gives, per configuration, the final metric over
+seeds and its difference from a reference configuration (Welch's t-test, Hedges' g); which runs ended bit-identical
+(param_sha256); mean loss curves; the divergence of runs that share a seed (same initial parameters and data order)
+from the reference run of that seed, over the checkpoints of trajectory.npz and the logged losses; and the
+Hessian's extreme eigenvalues at checkpoints (the saddle-point diagnostic). Each comparison states its minimum
+detectable effect (80% power, alpha 0.05) beside the measured one. Points that failed, were skipped or have not run
+are listed, never dropped silently.
 
 numpy, scipy and matplotlib (Agg) only: no JAX, so a report can be rebuilt anywhere.
 """
