@@ -176,12 +176,19 @@ def topk_lsh_scored(
     h = model.sparse_hidden(p_in["embedding"], p_in["bias"], batch["feat_ids"], batch["feat_vals"], dtype)
     ids, z = lsh_logits(p_out["weight"], p_out["bias"], h, hash_fn, tables, bucket_capacity, dtype, probe_bits,
                         inner_product, max_scored)
-    if k > z.shape[1]:  # more asked for than can be scored: the rest come back as -1
-        pad = ((0, 0), (0, k - z.shape[1]))
-        z, ids = jnp.pad(z, pad, constant_values=-jnp.inf), jnp.pad(ids, pad, constant_values=p_out["weight"].shape[0])
-    v, j = jax.lax.top_k(z, k)
+    v, best = top_k_of(z, ids, k, pad_id=p_out["weight"].shape[0])
     scored = jnp.sum(ids < p_out["weight"].shape[0], axis=1, dtype=jnp.int32)
-    return v, jnp.where(v > -jnp.inf, jnp.take_along_axis(ids, j, axis=1), -1), scored
+    return v, jnp.where(v > -jnp.inf, best, -1), scored
+
+
+def top_k_of(z: jax.Array, ids: jax.Array, k: int, pad_id: int) -> tuple[jax.Array, jax.Array]:
+    """(the k best scores per row of z [B, W], best first, and their ids from ids [B, W]). Where W < k (more
+    asked for than were scored) the rest are -inf with id `pad_id`."""
+    if k > z.shape[1]:
+        pad = ((0, 0), (0, k - z.shape[1]))
+        z, ids = jnp.pad(z, pad, constant_values=-jnp.inf), jnp.pad(ids, pad, constant_values=pad_id)
+    v, j = jax.lax.top_k(z, k)
+    return v, jnp.take_along_axis(ids, j, axis=1)
 
 
 def precision_at_k(

@@ -75,7 +75,7 @@ from hwrepro.harness import parallel
 from hwrepro.models import sparse_layers as model
 from hwrepro.sparse import lsh, sparse_adam, training
 from hwrepro.sparse.candidates import SAMPLERS, batch_shared_candidates, unique_rows
-from hwrepro.sparse.evaluation import lsh_logits, scored_topk
+from hwrepro.sparse.evaluation import lsh_logits, scored_topk, top_k_of
 from hwrepro.sparse.training import Batch, LshSpec, Params, SlideState, SparseOptState, StepFn, row_tables
 
 DATA, MODEL = "data", "model"
@@ -527,11 +527,8 @@ def topk_lsh(mesh: jax.sharding.Mesh, params: Params, hash_fn: Any, tables: lsh.
         ids, z = lsh_logits(p_out["weight"], p_out["bias"], h, hash_fn, lsh.Tables(tables.ids[0], tables.starts[0]),
                             -(-bucket_capacity // lax.psum(1, MODEL)), dtype)
         z = jnp.where(ids + offset < num_labels, z, -jnp.inf)
-        if k > z.shape[1]:  # a shard scores fewer than k: the rest are -inf, dropped as -1 below
-            pad = ((0, 0), (0, k - z.shape[1]))
-            z, ids = jnp.pad(z, pad, constant_values=-jnp.inf), jnp.pad(ids, pad)
-        v, j = lax.top_k(z, k)
-        v, ids = _merge_topk(v, jnp.take_along_axis(ids, j, axis=1) + offset, k)
+        v, best = top_k_of(z, ids, k, pad_id=rows)  # a shard may score fewer than k: -inf, dropped as -1 below
+        v, ids = _merge_topk(v, best + offset, k)
         return jnp.where(v > -jnp.inf, ids, -1)
 
     specs = (state_specs(params), P(), lsh.Tables(P(MODEL), P(MODEL)), _batch_specs(batch))
