@@ -133,3 +133,39 @@ def test_minimum_detectable_effect_limits():
     assert math.isnan(stats.minimum_detectable_effect(1, 1.0, 3, 1.0))
     assert stats.minimum_detectable_effect(3, 0.0, 3, 0.0) == 0.0  # no spread: any difference shows
     assert stats.compare([1.0, 2.0, 3.0], [1.0, 2.0, 3.0]).mde == stats.minimum_detectable_effect(3, 1.0, 3, 1.0)
+
+
+def test_equal_float64_values_have_zero_variance_not_rounding_noise():
+    """np.var of [0.1] * 3 is ~1e-34, not 0: a test on it called a 0.001 difference p = 2e-55."""
+    assert stats.summarize([0.1] * 3).std == 0.0
+    welch = stats.welch_ttest([0.1] * 3, [0.101] * 3)
+    assert math.isnan(welch.p) and any("zero variance" in w for w in welch.warnings)
+    assert math.isnan(stats.effect_size([0.1] * 3, [0.101] * 3).hedges_g)
+    assert stats.compare([0.1] * 3, [0.1] * 3).mde == 0.0
+
+
+def test_paired_test_matches_scipy_and_its_mde_has_80_percent_power():
+    rng = np.random.default_rng(1)
+    a, b = rng.normal(0.0, 1.0, 5), rng.normal(0.3, 1.0, 5)
+    paired, ref = stats.paired_ttest(a, b), scipy_stats.ttest_rel(a, b)
+    assert paired.n == 5 and paired.df == 4 and not paired.warnings
+    assert paired.t == pytest.approx(ref.statistic, rel=1e-12) and paired.p == pytest.approx(ref.pvalue, rel=1e-9)
+    # Differences of 3 pairs with spread 1 whose mean is the MDE: rejected in 80% of 40,000 draws.
+    mde = stats.paired_ttest([1.0, 2.0, 3.0], [0.0, 0.0, 0.0]).mde  # the differences' std is 1, n = 3
+    d = rng.normal(mde, 1.0, (40_000, 3))
+    assert (scipy_stats.ttest_1samp(d, 0.0, axis=1).pvalue < 0.05).mean() == pytest.approx(0.8, abs=0.01)
+
+
+def test_paired_test_edge_cases():
+    same = stats.paired_ttest([1.0, 2.0, 3.0], [0.5, 1.5, 2.5])
+    assert math.isnan(same.p) and same.mde == 0.0 and any("every pair differs by 0.5" in w for w in same.warnings)
+    one = stats.paired_ttest([1.0], [2.0])
+    assert one.n == 1 and math.isnan(one.t) and any("undefined below 2" in w for w in one.warnings)
+    with pytest.raises(ValueError, match="pairs need one of each"):
+        stats.paired_ttest([1.0, 2.0], [1.0])
+
+
+def test_minimum_detectable_effect_beyond_a_hundred_standard_deviations():
+    """Two values a group at alpha 0.001: the MDE is past the first bracket of 100 sd, which made brentq fail."""
+    mde = stats.minimum_detectable_effect(2, 1.0, 2, 1.0, alpha=0.001)
+    assert mde > 100.0 and stats.welch_power(mde, 2, 1.0, 2, 1.0, alpha=0.001) == pytest.approx(0.8, abs=2e-3)

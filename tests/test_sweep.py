@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import ml_collections
 import numpy as np
 import pytest
 
@@ -72,7 +73,8 @@ def test_study_sweeps_expand_to_cpu_grid_and_gpu_points(name):
     names = [p.name for p in points]
     assert len(names) == len(set(names)) == (8 + 8) * 3  # CPU and GPU set-ups, 3 seeds each
     point = next(p for p in points if p.name.startswith("precision=bf16,isa=AVX2,threads=1,seed=0"))
-    assert sweep.configuration_name(point, sweep.group_over(config)) == "precision=bf16,isa=AVX2,threads=1"
+    aliases = grid.point_aliases(config)
+    assert sweep.configuration_name(point, aliases, sweep.group_over(config)) == "precision=bf16,isa=AVX2,threads=1"
     c = sweep.point_config(config, point)
     assert "sweep" not in c and "report" not in c
     assert (c.numerics.precision, c.numerics.cpu_max_isa, c.numerics.threads, c.seed) == ("bf16", "AVX2", 1, 0)
@@ -82,20 +84,24 @@ def test_study_sweeps_expand_to_cpu_grid_and_gpu_points(name):
     gpu = [p for p in points if p.overrides.get("numerics.platform") == "gpu"]
     assert len(gpu) == 24
     assert any(n.startswith("platform=gpu,deterministic=true,autotune=false,matmul=highest,seed=2") for n in names)
-    configurations = {sweep.configuration_name(p, sweep.group_over(config)) for p in points}
+    configurations = {sweep.configuration_name(p, aliases, sweep.group_over(config)) for p in points}
     assert len(configurations) == 16 and config.report.reference in configurations
     assert config.train.checkpoints > 0
     assert (config.train.hessian_iters > 0) == (name in ("sweep_autoencoder", "sweep_prednet"))  # real data: none
 
 
-def test_configuration_name_of_a_cut_name_uses_whole_fields():
-    point = grid.Point("x" * 188 + "-0123456789ab", {"model.width": 3, "seed": 1})
-    assert sweep.configuration_name(point) == "model.width=3"
+def test_configuration_name_is_one_per_set_up_whether_or_not_names_were_cut():
+    # Seeds 9, 10 and 100 make names of 199, 200 and 201 characters: the last is cut to length.
+    config = ml_collections.ConfigDict({"seed": 0, "model": {"label": ""}})
+    config.sweep = {"axes": {"model": {"label": ["a" * 186]}, "seed": [9, 10, 100]}}
+    points = grid.expand(config)
+    assert [len(p.name) for p in points] == [199, 200, 200] and not points[2].name.endswith("seed=100")
+    names = {sweep.configuration_name(p, grid.point_aliases(config)) for p in points}
+    assert names == {f"label={'a' * 186}"}
     # Cut inside its last pair, a name keeps one part per override, and the hash of the whole, seed included.
-    overrides = {"seed": 0, "a": "x" * 60, "b": "y" * 150}
-    names = {sweep.configuration_name(grid.Point(grid.point_name(dict(overrides, seed=s), {f: f for f in overrides}),
-                                                 dict(overrides, seed=s))) for s in (0, 1)}
-    assert names == {grid.point_name({"a": "x" * 60, "b": "y" * 150}, {"a": "a", "b": "b"})}
+    config.sweep = {"axes": {"seed": [0, 1], "model": {"label": ["x" * 60 + "y" * 150]}}}
+    names = {sweep.configuration_name(p, grid.point_aliases(config)) for p in grid.expand(config)}
+    assert names == {grid.point_name({"model.label": "x" * 60 + "y" * 150}, {"model.label": "label"})}
 
 
 def test_a_sweep_of_multi_process_points_and_a_shard_of_no_sweep_are_refused(tmp_path):
@@ -349,9 +355,33 @@ def test_final_statistics_match_hand_computed_values(hand):
     assert b.comparison.effect.hedges_g == pytest.approx(g, rel=1e-9)
     text = hand["text"]
     mde = stats.minimum_detectable_effect(3, 1.0, 3, 1.0)
-    assert f"| `cfg=b` | 3 | 3 | 1 | 2 | 4 | +1 | {mde:.3g} | {p:.3g} | {g:.3g} |  |" in text
+    # Paired by seed, b is ref + 1 in every seed: no spread, so no paired p, and an MDE of 0.
+    assert b.paired.n == 3 and math.isnan(b.paired.p) and b.paired.mde == 0.0
+    assert f"| `cfg=b` | 3 | 3 | 1 | 2 | 4 | +1 | {mde:.3g} | {p:.3g} | {g:.3g} | – (3) | 0 | [1] |" in text
+    assert "1. paired p undefined: the differences have zero spread (every pair differs by 1)" in text
+    # c against ref over the seeds both finished (0, 1): differences 4, 5; t = 4.5 / (sqrt(1/2) / sqrt(2)) = 9.
+    assert c.paired.n == 2 and c.paired.t == pytest.approx(9.0) and c.paired.df == 1
+    assert c.paired.p == pytest.approx(2.0 * (0.5 - math.atan(9.0) / math.pi))  # Student t, 1 df: Cauchy
+    assert f"| {c.paired.p:.3g} (2) | {c.paired.mde:.3g} |" in text
     assert "| `cfg=c` | 2 | 6 |" in text and "fewer than 3" in text and "1 failed" in text
+    assert "not adjusted for the 3 comparisons with the reference" in text
     assert "| `cfg=c` | seed=2 | failed: ValueError: boom |" in text
+
+
+def test_a_finished_run_whose_metric_was_not_finite_stays_in_the_statistics(tmp_path):
+    """final.json writes a nan loss as null and lists it under `nonfinite`: the run counts as nan and the
+    report warns, where it was dropped unseen (n = 1 of 2 finished runs)."""
+    points = [_fake_run(tmp_path, f"cfg={c},seed={s}", c, s, 1.0 + s, f"sha-{c}-{s}") for c in ("ref", "b")
+              for s in (0, 1)]
+    final = tmp_path / "cfg=b,seed=1" / "final.json"
+    final.write_text(records.dumps({**json.loads(final.read_text()), "test_loss": math.nan}))
+    records.write_json_atomic(tmp_path / "sweep.json", {
+        "experiment": "autoencoder", "name": "nan", "base_config": {}, "report": {"metric": "test_loss",
+        "reference": "cfg=ref"}, "group_over": ["seed"], "points": points, "shard": None})
+    values = report.values_by_configuration(report.load(tmp_path), "test_loss")
+    assert values["cfg=ref"] == [1.0, 2.0] and values["cfg=b"][0] == 1.0 and math.isnan(values["cfg=b"][1])
+    text = report.write_report(tmp_path).read_text()
+    assert "| `cfg=b` | 2 |" in text and "group a contains non-finite values (nan or inf)" in text
 
 
 def test_bit_identical_runs_are_grouped_in_the_report(hand):
@@ -394,6 +424,26 @@ def test_hessian_means_over_seeds_and_negative_curvature_sentence(hand):
     assert "Negative curvature was seen at 2 of 2 configuration-checkpoints" in text
     for png in ("final_metric.png", "divergence.png", "hessian.png", "curves.png"):
         assert (hand["workdir"] / png).read_bytes()[:8] == PNG_MAGIC
+
+
+def test_curvature_within_rounding_of_zero_is_not_called_negative():
+    from hwrepro.study.report import markdown
+
+    rounding = {"c": [report.HessianPoint(10, 16.7, 1.0, -1.8e-6, 3)]}  # float32 Lanczos on a PSD Hessian
+    assert markdown._curvature_sentence(rounding).startswith("No negative curvature beyond rounding was seen")
+    real = {"c": [report.HessianPoint(10, 16.7, 1.0, -0.01, 3)]}
+    assert markdown._curvature_sentence(real).startswith("Negative curvature was seen at 1 of 1")
+
+
+def test_a_sign_of_zero_is_a_difference_in_the_stored_bits(tmp_path):
+    """-0.0 == 0.0 as floats, but not as bits: param_sha256 tells them apart, and so does the divergence."""
+    runs = [_fake_run(tmp_path, f"cfg={c},seed=0", c, 0, 1.0, f"sha-{c}", trajectory=[[3.0, z], [3.0, 4.0]])
+            for c, z in (("ref", 0.0), ("b", -0.0))]
+    records.write_json_atomic(tmp_path / "sweep.json", {
+        "experiment": "autoencoder", "name": "zero", "base_config": {}, "group_over": ["seed"], "shard": None,
+        "report": {"metric": "test_loss", "reference": "cfg=ref"}, "points": runs})
+    (div,) = report.analyse(report.load(tmp_path)).divergences
+    assert div.first_param_step == 10 and div.rel_distance[0] == 0.0
 
 
 def test_divergence_plot_of_runs_without_snapshots_says_so_and_keeps_its_legend(tmp_path):

@@ -175,6 +175,16 @@ def _aliases(fields: Iterable[str], explicit: Mapping[str, str]) -> dict[str, st
     return out
 
 
+def point_aliases(config: ml_collections.ConfigDict, aliases: Mapping[str, str] | None = None) -> dict[str, str]:
+    """{dotted field: its short name in point names} for every field config's sweep sets ({} without a sweep);
+    `aliases` as in `expand`."""
+    sweep = config.get("sweep")
+    if not _is_mapping(sweep):
+        return {}
+    fields = [f for p in _explicit_points(sweep) for f in p] + [f for f, _ in _axes(sweep)]
+    return _aliases(fields, {**dotted_fields(sweep.get("aliases") or {}), **(aliases or {})})
+
+
 def point_name(overrides: Mapping[str, Any], aliases: Mapping[str, str]) -> str:
     """`alias=value,...` for these overrides, filesystem-safe and at most MAX_NAME_LENGTH characters."""
     if not overrides:
@@ -236,8 +246,7 @@ def expand(config: ml_collections.ConfigDict, aliases: Mapping[str, str] | None 
     explicit = [{f: coerce(f, v) for f, v in p.items()} for p in explicit]
     axes = [(f, [coerce(f, v) for v in values]) for f, values in axes]
 
-    fields = [f for p in explicit for f in p] + axis_fields
-    names = _aliases(fields, {**dotted_fields(sweep.get("aliases") or {}), **(aliases or {})})
+    names = point_aliases(config, aliases)
     points = []
     for p, combo in itertools.product(explicit, itertools.product(*(values for _, values in axes))):
         overrides = {**p, **dict(zip(axis_fields, combo))}

@@ -2,9 +2,10 @@
 
 A hardware study compares, say, the final losses of five seeds on one machine with five on another. The
 groups are small and their variances differ, so the test is Welch's t-test (no equal-variance assumption) and
-the size of the difference is reported as Cohen's d with Hedges' small-sample correction. Deterministic runs
-can give identical values, i.e. zero variance: then the t statistic and p-value do not exist, and the
-functions here say so in a warning string instead of returning a silent nan.
+the size of the difference is reported as Cohen's d with Hedges' small-sample correction. Runs of one seed
+are paired (same initial parameters, same batches), so `paired_ttest` also tests the per-seed differences.
+Deterministic runs can give identical values, i.e. zero variance: then the t statistic and p-value do not
+exist, and the functions here say so in a warning string instead of returning a silent nan.
 
 A comparison that finds nothing says how fine it could see: `minimum_detectable_effect` is the smallest
 difference of means Welch's test would detect at 80% power and alpha 0.05, given the groups' sizes and spreads.
@@ -19,7 +20,7 @@ report.html) and should not pay for scipy's import there.
 from __future__ import annotations
 
 import math
-from typing import Mapping, NamedTuple, Sequence
+from typing import Callable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -72,13 +73,19 @@ def _as_values(values: Sequence[float], name: str) -> np.ndarray:
     return x
 
 
+def _variance(x: np.ndarray) -> float:
+    """The sample variance (ddof=1) of x (at least 2 values); exactly 0 when all values are equal, where
+    np.var can give ~1e-34 (the float64 mean of [0.1] * 3 is not 0.1) and a test would call noise significant."""
+    return 0.0 if np.all(x == x[0]) else float(np.var(x, ddof=1))
+
+
 def summarize(values: Sequence[float]) -> Summary:
     """n, mean, std (ddof=1), min and max of a group of numbers."""
     x = _as_values(values, "values")
     n = int(x.size)
     if n == 0:
         return Summary(0, math.nan, math.nan, math.nan, math.nan)
-    std = float(np.std(x, ddof=1)) if n >= 2 else math.nan
+    std = math.sqrt(_variance(x)) if n >= 2 else math.nan
     return Summary(n, float(np.mean(x)), std, float(np.min(x)), float(np.max(x)))
 
 
@@ -106,8 +113,8 @@ def welch_ttest(a: Sequence[float], b: Sequence[float]) -> Welch:
     if x.size < 2 or y.size < 2:
         warnings.append("t-test undefined: each group needs at least 2 values for a variance; t, df, p are nan")
         return Welch(math.nan, math.nan, math.nan, tuple(warnings))
-    va = np.var(x, ddof=1) / x.size
-    vb = np.var(y, ddof=1) / y.size
+    va = _variance(x) / x.size
+    vb = _variance(y) / y.size
     diff = float(np.mean(x) - np.mean(y))
     if va + vb == 0.0:
         how = "the means are equal" if diff == 0.0 else f"the means differ by {diff:.6g}"
@@ -142,8 +149,8 @@ def effect_size(a: Sequence[float], b: Sequence[float]) -> EffectSize:
     if x.size < 1 or y.size < 1 or df < 1:
         warnings.append("effect size undefined: needs a value in each group and at least 3 in all; d, g are nan")
         return EffectSize(math.nan, math.nan, tuple(warnings))
-    pooled_ss = (np.var(x, ddof=1) * (x.size - 1) if x.size > 1 else 0.0) + \
-                (np.var(y, ddof=1) * (y.size - 1) if y.size > 1 else 0.0)
+    pooled_ss = (_variance(x) * (x.size - 1) if x.size > 1 else 0.0) + \
+                (_variance(y) * (y.size - 1) if y.size > 1 else 0.0)
     pooled_std = math.sqrt(pooled_ss / df)
     diff = float(np.mean(x) - np.mean(y))
     if pooled_std == 0.0:
@@ -204,10 +211,69 @@ def minimum_detectable_effect(n_a: int, std_a: float, n_b: int, std_b: float, al
         return math.nan
     if std_a == std_b == 0.0:
         return 0.0
+    cut, sd = _welch_rejection(n_a, std_a, n_b, std_b, alpha, grid)
+    return _smallest_root(lambda d: _power(d * sd, cut, sd) - power) * sd
+
+
+def _smallest_root(excess: Callable[[float], float]) -> float:
+    """The x > 0 where an increasing `excess` (negative at 0) crosses zero; the bracket doubles from 100 until
+    it holds the root (a small alpha with 2 values a group needs hundreds of standard errors)."""
     from scipy import optimize
 
-    cut, sd = _welch_rejection(n_a, std_a, n_b, std_b, alpha, grid)
-    return float(optimize.brentq(lambda d: _power(d * sd, cut, sd) - power, 0.0, 100.0, xtol=1e-6) * sd)
+    high = 100.0
+    while excess(high) < 0 and high < 1e12:
+        high *= 2
+    return float(optimize.brentq(excess, 0.0, high, xtol=1e-6))
+
+
+class Paired(NamedTuple):
+    """The paired t-test of mean(a_i - b_i) over n matched pairs (runs of one seed): t, df = n - 1, two-sided
+    p, and the minimum detectable mean difference at 80% power, alpha 0.05, taking the differences' spread as
+    the true one. t, df, p are nan exactly when `warnings` says they are undefined."""
+    n: int
+    t: float
+    df: float
+    p: float
+    mde: float
+    warnings: tuple[str, ...]
+
+
+def paired_ttest(a: Sequence[float], b: Sequence[float], alpha: float = 0.05, power: float = 0.8,
+                 grid: int = 128) -> Paired:
+    """The paired t-test of a against b, a[i] and b[i] from one repeat (seed).
+
+    Runs of one seed start from the same parameters and see the same batches, so their results are
+    correlated: testing the per-seed differences removes the seed-to-seed spread that Welch's test counts
+    as noise, and can see differences far below it. The MDE is the mean difference the test finds with
+    probability `power`, the differences' std (ddof=1) taken as the true one (quadrature as `welch_power`).
+    """
+    x, y = _as_values(a, "a"), _as_values(b, "b")
+    if x.size != y.size:
+        raise ValueError(f"paired test: {x.size} values against {y.size}; pairs need one of each")
+    d = x - y
+    n = int(d.size)
+    warnings = []
+    if n < MIN_GROUP_SIZE:
+        warnings.append(f"{n} pair(s), fewer than {MIN_GROUP_SIZE}: the differences' spread is unreliable"
+                        + (" (undefined below 2)" if n < 2 else ""))
+    if not np.all(np.isfinite(d)):
+        warnings.append("the pairs contain non-finite values (nan or inf)")
+    var, mean = (_variance(d), float(np.mean(d))) if n >= 2 else (math.nan, math.nan)
+    if not math.isfinite(var):
+        return Paired(n, math.nan, math.nan, math.nan, math.nan, tuple(warnings))
+    if var == 0.0:
+        how = "every pair is equal" if mean == 0.0 else f"every pair differs by {mean:.6g}"
+        warnings.append(f"paired p undefined: the differences have zero spread ({how}); t, df, p are nan")
+        return Paired(n, math.nan, math.nan, math.nan, 0.0, tuple(warnings))
+    from scipy import stats as scipy_stats
+
+    se = math.sqrt(var / n)
+    t, df = mean / se, n - 1
+    # The power as in welch_power: the mean over the sample variance's quantiles of P(|mean| > t_crit * se).
+    u = (np.arange(grid) + 0.5) / grid
+    cut = scipy_stats.t.ppf(1.0 - alpha / 2.0, df) * se * np.sqrt(scipy_stats.chi2.ppf(u, df) / df)
+    mde = _smallest_root(lambda k: _power(k * se, cut, se) - power) * se
+    return Paired(n, float(t), float(df), float(2.0 * scipy_stats.t.sf(abs(t), df)), mde, tuple(warnings))
 
 
 def compare(a: Sequence[float], b: Sequence[float]) -> Comparison:

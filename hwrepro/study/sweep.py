@@ -26,7 +26,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import ml_collections
 
@@ -65,22 +65,19 @@ def point_config(config: ml_collections.ConfigDict, point: Point) -> ml_collecti
     return out
 
 
-def configuration_name(point: Point, repeats: Sequence[str] = DEFAULT_GROUP_OVER) -> str:
-    """The point's name without its repeat fields (seed): the set-up it belongs to, e.g.
-    `precision=bf16,isa=AVX2,threads=1` for `precision=bf16,isa=AVX2,threads=1,seed=0`."""
-    kept = {f: v for f, v in point.overrides.items() if f not in repeats}
-    parts = point.name.split(",")
-    if point.name != grid.BASE_NAME and len(parts) == len(point.overrides) and len(point.name) < grid.MAX_NAME_LENGTH:
-        # Names are `alias=value` per override, in order (values never contain commas): keep the aliases.
-        # A name cut to length (ending in a hash of the whole, seed included) may still have as many parts.
-        return ",".join(p for p, f in zip(parts, point.overrides) if f not in repeats) or grid.BASE_NAME
-    return grid.point_name(kept, {f: f for f in kept})  # the name was cut to length: use whole fields
+def configuration_name(point: Point, aliases: Mapping[str, str],
+                       repeats: Sequence[str] = DEFAULT_GROUP_OVER) -> str:
+    """The set-up the point belongs to: its name without the repeat fields (seed), e.g.
+    `precision=bf16,isa=AVX2,threads=1` for `precision=bf16,isa=AVX2,threads=1,seed=0`; `aliases` are the
+    sweep's (`grid.point_aliases`). Built from the overrides, not cut from the name, so the points of one
+    set-up share it even where some seeds' names were cut to length and others not."""
+    return grid.point_name({f: v for f, v in point.overrides.items() if f not in repeats}, aliases)
 
 
 def sweep_record(config: ml_collections.ConfigDict, points: Sequence[Point], selected: Sequence[Point],
                  shard: str | None) -> dict[str, Any]:
     """The content of sweep.json."""
-    repeats = group_over(config)
+    repeats, aliases = group_over(config), grid.point_aliases(config)
     return {
         "experiment": config.experiment,
         "name": config.get("name"),
@@ -88,7 +85,7 @@ def sweep_record(config: ml_collections.ConfigDict, points: Sequence[Point], sel
         "sweep": config.sweep.to_dict(),
         "report": report_settings(config),
         "group_over": list(repeats),
-        "points": [{"name": p.name, "overrides": p.overrides, "configuration": configuration_name(p, repeats)}
+        "points": [{"name": p.name, "overrides": p.overrides, "configuration": configuration_name(p, aliases, repeats)}
                    for p in points],
         "shard": shard,
         "shard_points": [p.name for p in selected],

@@ -92,13 +92,24 @@ def default_metric(runs: Sequence[RunData]) -> str | None:
     return next((k for k, v in finals[0].items() if isinstance(v, float) and k != "wall_seconds"), None)
 
 
+def values_by_repeat(sweep: Sweep, metric: str) -> dict[str, dict[str, float]]:
+    """{configuration: {repeat: metric of its finished run}} in sweep order (configurations without runs: {}).
+
+    A finished run whose metric was not finite (final.json writes null and lists it under `nonfinite`) counts
+    as nan, so the statistics warn about it instead of dropping the run unseen."""
+    out: dict[str, dict[str, float]] = {c: {} for c in sweep.configurations}
+    for r in sweep.runs:
+        value = r.final.get(metric) if r.done else None
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[r.configuration][r.repeat] = float(value)
+        elif r.done and metric in (r.final.get("nonfinite") or ()):
+            out[r.configuration][r.repeat] = math.nan
+    return out
+
+
 def values_by_configuration(sweep: Sweep, metric: str) -> dict[str, list[float]]:
     """{configuration: [metric of each finished run]} in sweep order (configurations without runs: [])."""
-    out = {c: [] for c in sweep.configurations}
-    for r in sweep.runs:
-        if r.done and isinstance(r.final.get(metric), (int, float)):
-            out[r.configuration].append(float(r.final[metric]))
-    return out
+    return {c: list(v.values()) for c, v in values_by_repeat(sweep, metric).items()}
 
 
 def choose_reference(sweep: Sweep, values: dict[str, list[float]], wanted: str | None) -> tuple[str | None, str]:
@@ -118,13 +129,16 @@ class ConfigRow(NamedTuple):
     configuration: str
     summary: stats.Summary
     comparison: stats.Comparison | None  # against the reference; None for the reference itself or n = 0
+    paired: stats.Paired | None          # against the reference's runs of the same repeats (seeds)
     wall_seconds: float
     statuses: dict[str, int]             # done / failed / skipped / not run counts
 
 
 def final_table(sweep: Sweep, metric: str, reference: str | None) -> list[ConfigRow]:
-    """One row per configuration: the metric's summary over seeds and its comparison with the reference."""
-    values = values_by_configuration(sweep, metric)
+    """One row per configuration: the metric's summary over seeds and its comparison with the reference, as
+    independent groups (Welch) and paired by seed."""
+    by_repeat = values_by_repeat(sweep, metric)
+    values = {c: list(v.values()) for c, v in by_repeat.items()}
     rows = []
     for c in sweep.configurations:
         runs = [r for r in sweep.runs if r.configuration == c]
@@ -133,9 +147,12 @@ def final_table(sweep: Sweep, metric: str, reference: str | None) -> list[Config
             kind = r.status.split(":")[0]
             counts[kind] = counts.get(kind, 0) + 1
         walls = [r.final["wall_seconds"] for r in runs if r.done and "wall_seconds" in r.final]
-        comparison = (stats.compare(values[c], values[reference])
-                      if reference and c != reference and values[c] else None)
-        rows.append(ConfigRow(c, stats.summarize(values[c]), comparison,
+        comparison = paired = None
+        if reference and c != reference and values[c]:
+            comparison = stats.compare(values[c], values[reference])
+            common = [k for k in by_repeat[c] if k in by_repeat[reference]]
+            paired = stats.paired_ttest([by_repeat[c][k] for k in common], [by_repeat[reference][k] for k in common])
+        rows.append(ConfigRow(c, stats.summarize(values[c]), comparison, paired,
                               float(np.mean(walls)) if walls else math.nan, counts))
     return rows
 
@@ -191,6 +208,11 @@ def curve(rows: Sequence[dict[str, Any]], key: str) -> tuple[np.ndarray, np.ndar
     return (np.array([s for s, _ in kept], dtype=np.int64), np.array([v for _, v in kept], dtype=np.float64))
 
 
+def _bits(x: np.ndarray) -> np.ndarray:
+    """x's bytes as unsigned integers of its width, for a bitwise comparison."""
+    return x.view(np.dtype(f"u{x.dtype.itemsize}"))
+
+
 def divergence(run: RunData, ref: RunData, curve_key: str) -> Divergence:
     """Parameter distance over common checkpoints and curve-metric difference over common logged steps."""
     notes = []
@@ -202,8 +224,11 @@ def divergence(run: RunData, ref: RunData, curve_key: str) -> Divergence:
         notes.append(f"parameter counts differ ({a[1].shape[1]} vs {b[1].shape[1]}): not comparable")
     else:
         steps = np.intersect1d(a[0], b[0])
+        if not steps.size:
+            notes.append("no checkpoint step in common")
         pa, pb = a[1][np.searchsorted(a[0], steps)], b[1][np.searchsorted(b[0], steps)]
-        differ = np.flatnonzero(np.any(pa != pb, axis=1))  # exact comparison of the stored bits
+        # The stored bits (-0.0 is not 0.0, a nan equals its own bits), as param_sha256 compares them.
+        differ = np.flatnonzero(np.any(_bits(pa) != _bits(pb), axis=1))
         first_param = int(steps[differ[0]]) if differ.size else None
         pa, pb = pa.astype(np.float64), pb.astype(np.float64)
         rel = np.linalg.norm(pa - pb, axis=1) / np.maximum(np.linalg.norm(pb, axis=1), np.finfo(float).tiny)

@@ -88,16 +88,19 @@ def _final_section(a: Analysis, plots: dict[str, str]) -> list[str]:
     notes: dict[str, int] = {}
     table = []
     for row in a.rows:
-        s, cmp = row.summary, row.comparison
-        flags = " ".join(f"[{notes.setdefault(w, len(notes) + 1)}]" for w in (cmp.warnings if cmp else ()))
+        s, cmp, pair = row.summary, row.comparison, row.paired
+        warnings = dict.fromkeys((cmp.warnings if cmp else ()) + (pair.warnings if pair else ()))
+        flags = " ".join(f"[{notes.setdefault(w, len(notes) + 1)}]" for w in warnings)
         diff = (f"{s.mean - cmp.b.mean:+.4g}" if cmp is not None else
                 "(reference)" if row.configuration == a.reference else "–")
         table.append([f"`{row.configuration}`", s.n, _fmt(s.mean), _fmt(s.std, ".3g"), _fmt(s.min), _fmt(s.max),
                       diff, _fmt(cmp.mde if cmp else None, ".3g"), _fmt(cmp.welch.p if cmp else None, ".3g"),
-                      _fmt(cmp.effect.hedges_g if cmp else None, ".3g"), flags, _fmt(row.wall_seconds, ".1f"),
+                      _fmt(cmp.effect.hedges_g if cmp else None, ".3g"),
+                      f"{_fmt(pair.p, '.3g')} ({pair.n})" if pair else "–", _fmt(pair.mde if pair else None, ".3g"),
+                      flags, _fmt(row.wall_seconds, ".1f"),
                       ", ".join(f"{v} {k}" for k, v in row.statuses.items() if k != "done")])
     out += markdown_table(["configuration", "n", "mean", "std", "min", "max", "Δ mean vs ref", "MDE", "Welch p",
-                           "Hedges g", "warnings", "wall s", "not done"], table) + [""]
+                           "Hedges g", "paired p (pairs)", "paired MDE", "warnings", "wall s", "not done"], table) + [""]
     if notes:
         out += ["Warnings (group a = the configuration, group b = the reference):", ""]
         out += [f"{i}. {w}" for w, i in notes.items()] + [""]
@@ -105,14 +108,32 @@ def _final_section(a: Analysis, plots: dict[str, str]) -> list[str]:
             "variances); g is Hedges' bias-corrected standardised difference; wall s is the mean run time. "
             "MDE is the minimum detectable effect: the smallest |Δ| this comparison finds with 80% power at "
             "alpha 0.05, for its seed counts and the seeds' spreads (Welch's test, normal errors; 0 when no "
-            "seed varies). With a few seeds a t-test has little power: a large p says the set-ups were not told "
-            "apart to within about the MDE, not that they are equal.", ""]
+            "seed varies). Paired: the t-test of the per-seed differences from the reference's run of the same "
+            "seed (same initial parameters, same batches), and its MDE: it removes the seed-to-seed spread, so "
+            "it sees smaller effects. With a few seeds a t-test has little power: a large p says the set-ups were "
+            "not told apart to within about the MDE (itself estimated from a few seeds), not that they are "
+            "equal.", *_multiplicity(a), ""]
     if "final" in plots:
         out += [f"![final {a.metric} per configuration]({plots['final']})", ""]
     if "curves" in plots:
         out += [f"![{a.curve_key} curves]({plots['curves']})", "",
                 f"Mean `{a.curve_key}` over seeds per configuration; the band spans the seeds' min to max.", ""]
     return out
+
+
+def _multiplicity(a: Analysis) -> list[str]:
+    """A sentence on the p-values' multiplicity: each configuration is one more test against the reference."""
+    tests = [row for row in a.rows if row.comparison]
+    smallest = {name: min((p for p in ps if math.isfinite(p)), default=None) for name, ps in
+                (("Welch", [row.comparison.welch.p for row in tests]),
+                 ("paired", [row.paired.p for row in tests if row.paired]))}
+    adjusted = [f"the smallest {name} p, {p:.3g}, becomes {min(1.0, p * len(tests)):.3g}"
+                for name, p in smallest.items() if p is not None]
+    if len(tests) < 2 or not adjusted:
+        return []
+    return [f"The p-values are not adjusted for the {len(tests)} comparisons with the reference (at alpha 0.05 "
+            f"about one true null in 20 still comes out below 0.05). Holm's adjustment multiplies the smallest p "
+            f"of a column by {len(tests)}: {' and '.join(adjusted)}."]
 
 
 def _identity_section(sweep: Sweep, a: Analysis) -> list[str]:
@@ -217,16 +238,22 @@ def render(sweep: Sweep, a: Analysis, plots: dict[str, str]) -> str:
                      + _status_section(sweep, a))
 
 
+CURVATURE_TOLERANCE = 1e-4  # |λ_min| below this times λ_max is float32 Lanczos rounding, not curvature
+
+
 def _curvature_sentence(hessian: dict[str, list[HessianPoint]]) -> str:
-    """Whether any run saw negative curvature, and how strong it was relative to the largest eigenvalue."""
+    """Whether any run saw negative curvature beyond rounding, and how strong it was relative to the largest
+    eigenvalue."""
     cells = [(c, p) for c, ps in hessian.items() for p in ps]
-    negative = [(c, p) for c, p in cells if p.min_lowest < 0]
-    caveat = ("Lanczos Ritz values lie inside the spectrum, so a negative λ_min proves a direction of negative "
-              "curvature, while a positive one (with few iterations) does not prove there is none.")
+    negative = [(c, p) for c, p in cells if p.min_lowest < -CURVATURE_TOLERANCE * abs(p.max_mean)]
+    caveat = ("Lanczos Ritz values lie inside the spectrum, so in exact arithmetic a negative λ_min shows a "
+              "direction of negative curvature, while a positive one (with few iterations) does not show there "
+              f"is none; in floating point a λ_min within {CURVATURE_TOLERANCE:g} x λ_max of 0 is rounding and "
+              "counted as 0, and Hessian-vector products in bf16 are not exactly symmetric.")
     if not negative:
-        return (f"No negative curvature was seen: λ_min ≥ 0 in every run at all {len(cells)} "
-                f"configuration-checkpoints, i.e. no saddle was detected. {caveat}")
+        return (f"No negative curvature beyond rounding was seen: λ_min ≥ -{CURVATURE_TOLERANCE:g} x λ_max in "
+                f"every run at all {len(cells)} configuration-checkpoints, i.e. no saddle was detected. {caveat}")
     c, p = min(negative, key=lambda cp: cp[1].min_lowest / max(abs(cp[1].max_mean), 1e-30))
     return (f"Negative curvature was seen at {len(negative)} of {len(cells)} configuration-checkpoints (some "
-            f"seed had λ_min < 0); relative to λ_max it was strongest for `{c}` at step {p.step} "
-            f"(λ_min {p.min_lowest:.3g} vs λ_max {p.max_mean:.3g}). {caveat}")
+            f"seed had λ_min < -{CURVATURE_TOLERANCE:g} x λ_max); relative to λ_max it was strongest for `{c}` at "
+            f"step {p.step} (λ_min {p.min_lowest:.3g} vs λ_max {p.max_mean:.3g}). {caveat}")
