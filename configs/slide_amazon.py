@@ -58,9 +58,10 @@ def slide_config(dataset: str, method: str) -> ml_collections.ConfigDict:
     # density: Gaussian planes (1.0); SLIDE's sparse "ratio 3" ~1/3. dtype: what rows and planes are rounded to
     # for the projection (f32 sums): bf16 hashes 1.3-2.2x faster than fp32 on an AVX512-BF16 CPU and flips 0.07%
     # of the bits; with it (and 5ee5549's grouping) one epoch's P@1 held over 2 seeds (docs/slide_costs.md,
-    # "SLIDE's own costs, in one run"). The eval.lsh inference tables take these options too.
-    c.lsh.simhash = ml_collections.ConfigDict(dict(density=1.0, dtype="bf16"))
-    c.lsh.simhash_pairs = ml_collections.ConfigDict(dict(density=1.0, dtype="bf16"))
+    # "SLIDE's own costs, in one run"). On an AVX2 CPU bf16 hashes 1.3-1.7x slower, so "auto" picks bf16 only
+    # where bf16 products are native (run.json: lsh_hash_dtype). The eval.lsh inference tables take these too.
+    c.lsh.simhash = ml_collections.ConfigDict(dict(density=1.0, dtype="auto"))
+    c.lsh.simhash_pairs = ml_collections.ConfigDict(dict(density=1.0, dtype="auto"))
     c.lsh.dwta = ml_collections.ConfigDict(dict(bin_size=8))      # SLIDE's bin size (6 hashes x 3 bits = RangePow 18)
     c.lsh.rebuild_period = 50         # SLIDE's Amazon config rehashes tables every 50 batches (0: only at redraws)...
     c.lsh.rebuild_decay = 0.01        # ...with the period growing as training settles (exp(decay * i))

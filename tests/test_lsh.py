@@ -45,6 +45,16 @@ def test_simhash_bit_collision_rate_is_one_minus_angle_over_pi(angle):
     assert abs(collisions.mean() - p) < 5 * standard_error
 
 
+@pytest.mark.parametrize("flags, expected", [(["avx2", "avx512f", "avx512_bf16"], jnp.bfloat16),
+                                             (["avx2", "amx_bf16"], jnp.bfloat16), (["avx2", "avx512f"], jnp.float32)])
+def test_auto_simhash_dtype_is_bf16_only_where_the_cpu_multiplies_bf16(monkeypatch, flags, expected):
+    from hwrepro.harness import records
+
+    monkeypatch.setattr(records, "cpu_info", lambda: {"model": "x", "isa_flags": flags, "logical_cores": 2})
+    for family in ("simhash", "simhash_pairs"):
+        assert lsh.init_hash(family, jax.random.key(0), 24, 6, 5, dtype="auto").planes.dtype == expected
+
+
 def test_bf16_simhash_is_the_sign_of_the_bf16_rounded_projection():
     fn = lsh.init_hash("simhash", jax.random.key(44), 24, 6, 5, dtype="bf16")
     assert fn.planes.dtype == jnp.bfloat16
@@ -347,7 +357,7 @@ def test_bad_inputs_raise_one_line_errors():
         lsh.init_hash("dwta", jax.random.key(0), 16, 2, 3, bin_size=32)
     with pytest.raises(ValueError, match="density"):
         lsh.init_hash("simhash", jax.random.key(0), 16, 2, 3, density=0.0)
-    with pytest.raises(ValueError, match="dtype='fp16' must be one of fp32, bf16"):
+    with pytest.raises(ValueError, match="dtype='fp16' must be one of fp32, bf16, auto"):
         lsh.init_hash("simhash", jax.random.key(0), 16, 2, 3, dtype="fp16")
     with pytest.raises(ValueError, match="bucket_capacity"):
         lsh.lookup(lsh.Tables(jnp.zeros((2, 3), jnp.int32), jnp.zeros((2, 5), jnp.int32)),

@@ -11,6 +11,7 @@ from hwrepro import experiments
 from hwrepro.harness import runner
 from hwrepro.data import xc
 from hwrepro.errors import ConfigError
+from hwrepro.sparse.hashes import simhash
 
 
 def tiny_config(method="lsh", **data):
@@ -52,6 +53,7 @@ def test_lsh_training_learns_and_records(lsh_run):
     assert final["test_lsh_seconds"] > 0 and final["test_seconds"] > 0
     run = json.loads((workdir / "run.json").read_text())
     assert run["data_source"].startswith("synthetic") and run["data_details"]["num_labels"] == 300
+    assert run["lsh_hash_dtype"] == simhash.resolve_dtype("auto")  # the configs' "auto", as this CPU resolves it
     rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
     evals = [r["eval_P@1"] for r in rows if "eval_P@1" in r]
     assert len(evals) >= 3 and evals[-1] > evals[0]

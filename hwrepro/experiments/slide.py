@@ -26,7 +26,7 @@ from hwrepro.harness.loop import fit, snapshot_spacing, snapshotter
 from hwrepro.harness.progress import Progress
 from hwrepro.harness.records import Run
 from hwrepro.sparse import lsh, sharded
-from hwrepro.sparse.hashes import FAMILIES, OptionError
+from hwrepro.sparse.hashes import FAMILIES, OptionError, simhash
 
 KS = (1, 3, 5)
 MAINTENANCE = ("rebuild", "incremental")  # lsh.maintenance: how the tables follow W between rebuilds
@@ -292,6 +292,8 @@ def run(config: ml_collections.ConfigDict, rec: Run):
         rec.print(f"mesh: data {mesh.shape['data']} x model {mesh.shape['model']} over {jax.device_count()} "
                   f"{jax.default_backend()} devices in {jax.process_count()} process(es)")
     spec = lsh_spec(config)
+    if m.method == "lsh" and "dtype" in dict(spec.options):  # SimHash's "auto" depends on the machine
+        rec.note("lsh_hash_dtype", simhash.resolve_dtype(dict(spec.options)["dtype"]))
     init_key, step_key, table_key = jax.random.split(jax.random.key(config.seed), 3)
     incremental = m.method == "lsh" and config.lsh.maintenance == "incremental"
     layout = {}

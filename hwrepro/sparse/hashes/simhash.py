@@ -3,8 +3,10 @@
 Bit k of table l is sign(<x, r_lk>). Dense: Gaussian r, so P(bit collides) = 1 - angle(x, y) / pi exactly.
 Sparse (density < 1, SLIDE's "ratio 3"): r has exactly round(density * dim) non-zero entries, each +-1.
 Either way the codes are one matmul, accumulated in f32: of f32 inputs (dtype "fp32"), or of inputs and r
-rounded to bf16 (dtype "bf16"; 1.3-2.2x faster hashing on an AVX512-BF16 CPU, docs/slide_costs.md): a
-projection within bf16 rounding of zero may then take the other sign, as if x had moved by ~0.4%.
+rounded to bf16 (dtype "bf16"; 1.3-2.2x faster hashing on an AVX512-BF16 CPU, but 1.3-1.7x slower on an AVX2
+CPU, which has no bf16 products: docs/slide_costs.md): a projection within bf16 rounding of zero may then take
+the other sign, as if x had moved by ~0.4%. dtype "auto" (the configs') is bf16 where products of bf16 are
+native (an accelerator, or a CPU with AVX512-BF16 or AMX), else fp32.
 
 Two families: "simhash", L * K independent hyperplanes; "simhash_pairs", L tables made of pairs of m
 half-codes of K / 2 bits (Andoni & Indyk's tensoring, m (m - 1) / 2 >= L): m K / 2 hyperplanes, 64 instead
@@ -27,6 +29,19 @@ from hwrepro.sparse.hashes import FAMILIES, MAX_BUCKET_BITS, OptionError, by_row
 
 
 DTYPES = {"fp32": jnp.float32, "bf16": jnp.bfloat16}  # option dtype: what the projection's inputs are rounded to
+NATIVE_BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo flags of CPUs with bf16 dot products
+
+
+def resolve_dtype(dtype: str) -> str:
+    """dtype, with "auto" made "bf16" where the default backend multiplies bf16 natively (an accelerator, or a
+    CPU listing one of NATIVE_BF16_CPU_FLAGS), else "fp32"."""
+    if dtype != "auto":
+        return dtype
+    if jax.default_backend() != "cpu":
+        return "bf16"
+    from hwrepro.harness import records
+
+    return "bf16" if set(records.cpu_info()["isa_flags"]) & set(NATIVE_BF16_CPU_FLAGS) else "fp32"
 
 
 @functools.partial(jax.jit, static_argnames=("dim", "num_hashes", "num_tables", "density", "dtype"))
@@ -60,15 +75,15 @@ class SimHash(NamedTuple):
             raise OptionError("num_hashes", num_hashes, f"gives more than 2**{MAX_BUCKET_BITS} buckets per table")
         if not 0.0 < density <= 1.0:
             raise OptionError("density", density, "must be in (0, 1]")
-        if dtype not in DTYPES:
-            raise OptionError("dtype", dtype, f"must be one of {', '.join(DTYPES)}")
+        if dtype not in (*DTYPES, "auto"):
+            raise OptionError("dtype", dtype, f"must be one of {', '.join(DTYPES)}, auto")
 
     @staticmethod
     def init(key: jax.Array, dim: int, num_hashes: int, num_tables: int, density: float = 1.0,
              dtype: str = "fp32") -> SimHash:
         """Draws `num_tables` x `num_hashes` hyperplanes for `dim`-dimensional inputs (density, dtype: see
         module)."""
-        return _init(key, dim, num_hashes, num_tables, density, dtype)
+        return _init(key, dim, num_hashes, num_tables, density, resolve_dtype(dtype))
 
     @property
     def num_tables(self) -> int:
@@ -155,7 +170,7 @@ class PairedSimHash(NamedTuple):
     def init(key: jax.Array, dim: int, num_hashes: int, num_tables: int, density: float = 1.0,
              dtype: str = "fp32") -> PairedSimHash:
         """Draws m = the least with m (m - 1) / 2 >= num_tables half-codes of num_hashes / 2 bits (K even)."""
-        return _init_pairs(key, dim, num_hashes, num_tables, density, dtype)
+        return _init_pairs(key, dim, num_hashes, num_tables, density, resolve_dtype(dtype))
 
     @property
     def num_tables(self) -> int:
