@@ -7,6 +7,7 @@ problem has 62 labels over 4 model shards: the last shard holds 2 padding rows.
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -188,8 +189,30 @@ def _tables_check(data, model_shards, num_labels=20_000):
     return {"equal": bool(equal), "shape": list(tables.ids.shape)}
 
 
+def _topk_lsh_check(data, max_scored):
+    """The mesh's LSH-scored top-k over its training tables against one device's, with max_scored: one model
+    shard (data replicas only) scores the same ids."""
+    import jax
+    import numpy as np
+
+    from hwrepro.sparse import evaluation, sharded
+
+    mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:data]).reshape(data, 1), ("data", "model"))
+    state = sharded.rebuild(mesh, sharded.init_state(mesh, jax.random.key(0), NUM_FEATURES, 300, HIDDEN,
+                                                     method="lsh"), jax.random.key(5))
+    batch = _batch(3)
+    got = sharded.topk_lsh(mesh, state.params, state.hash_fn, state.tables, batch, 5, num_labels=300,
+                           max_scored=max_scored)
+    tables = jax.tree_util.tree_map(lambda x: np.asarray(x)[0], state.tables)
+    want = evaluation.topk_lsh(sharded.gathered_params(state.params, NUM_FEATURES, 300),
+                               jax.device_get(state.hash_fn), tables, batch, 5, max_scored=max_scored)
+    got, want = np.asarray(got), np.asarray(want)
+    return {"equal": bool(np.array_equal(got, want)), "retrieved": int((want >= 0).sum())}
+
+
 def main():
     results = {}
+    results["topk-lsh-d2"] = {n: _topk_lsh_check(2, n) for n in (None, 3)}  # 3: fewer than retrieved
     for name, (data, model_shards) in MESHES.items():
         results[f"tables-{name}"] = _tables_check(data, model_shards)
     results["tables-d2"] = _tables_check(2, 1)  # data-parallel only: the one-device run's tables
@@ -248,6 +271,12 @@ def test_each_shard_builds_its_own_tables(results, mesh):
     data, model_shards = MESHES[mesh]
     assert results[f"tables-{mesh}"] == {"equal": True, "shape": [model_shards, 25, 20_000 // model_shards]}
     assert results["tables-d2"] == {"equal": True, "shape": [1, 25, 20_000]}
+
+
+@pytest.mark.slow
+def test_lsh_top_k_over_data_replicas_equals_one_device_with_max_scored(results):
+    for n, r in results["topk-lsh-d2"].items():
+        assert r["equal"] and r["retrieved"] > 0, (n, r)
 
 
 @pytest.mark.slow
@@ -411,4 +440,38 @@ def test_a_dead_process_ends_the_others_with_a_clear_error(tmp_path):
     assert err.strip().splitlines()[-1].startswith("error: process 1 of 2 was killed by SIGKILL")
     status = json.loads((workdir / "run.json").read_text())["status"]
     assert status.startswith("failed: process 1 of 2 was killed by SIGKILL")
+    assert not _running(workdir)
+
+
+@pytest.mark.slow
+def test_sigterm_to_a_two_process_run_checkpoints_and_the_same_command_resumes(tmp_path):
+    """Slurm's preemption: SIGTERM to the launcher reaches both processes, which checkpoint at a step they agree
+    on and record 'interrupted' (JAX's preemption service had replaced the SIGTERM handler: the run went on
+    to the end). The same command resumes both and finishes."""
+    import time
+
+    from conftest import launch, launch_process
+
+    workdir = tmp_path / "run"
+    args = (f"--config={_tiny_config_file(tmp_path, 20)}", f"--workdir={workdir}", *TWO_PROCESSES,
+            "--config.train.checkpoint_every=20")
+    proc = launch_process(*args)
+    try:
+        deadline = time.time() + 120
+        while not (workdir / "process-1" / "metrics.jsonl").exists() or \
+                not (workdir / "process-1" / "metrics.jsonl").read_text().strip():
+            assert proc.poll() is None and time.time() < deadline, "process 1 never logged a step"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, err[-2000:]
+    for folder in (workdir, workdir / "process-1"):
+        assert json.loads((folder / "run.json").read_text())["status"].startswith("interrupted: SIGTERM at step ")
+    resumed = launch(*args)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    run = json.loads((workdir / "run.json").read_text())
+    assert run["status"] == "done" and run["resumes"] == 1
     assert not _running(workdir)

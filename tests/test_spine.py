@@ -80,6 +80,7 @@ def test_finished_workdir_is_never_overwritten(run_launch, tmp_path):
     ("--config.numerics.precision=fp16", "numerics.precision='fp16' is not one of"),
     ("--config.numerics.cpu_max_isa=AVX9", "numerics.cpu_max_isa='AVX9'"),
     ("--k=3", "--k goes with --predict=FILE, which this command does not have"),
+    ("--config.seed=-1", "seed=-1 must be a non-negative integer"),
 ])
 def test_bad_override_is_one_error_line(run_launch, tmp_path, override, expected):
     p = run_launch(AE, f"--workdir={tmp_path / 'w'}", override)
@@ -87,6 +88,21 @@ def test_bad_override_is_one_error_line(run_launch, tmp_path, override, expected
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], p.stderr
     assert not (tmp_path / "w" / "run.json").exists()
+
+
+@pytest.mark.parametrize("config_name, experiment", [("autoencoder_mnist", "autoencoder"),
+                                                     ("prednet_small", "PredNet")])
+def test_devices_or_processes_for_an_experiment_without_a_mesh_are_refused(config_name, experiment):
+    """Both processes trained the whole model, unshared, and said nothing."""
+    import importlib
+
+    config = importlib.import_module(f"configs.{config_name}").get_config()
+    config.parallel.processes, config.numerics.cpu_devices = 2, 1
+    config.parallel.data = 2
+    runner.validate(config)  # a mesh that fits the devices
+    with pytest.raises(ConfigError, match=rf"^parallel.model=1, parallel.data=2, parallel.processes=2: the "
+                                          rf"{experiment} runs on one device"):
+        runner.experiment(config)
 
 
 @pytest.mark.slow
@@ -189,6 +205,23 @@ def test_prepare_moves_an_unfinished_run_aside(tmp_path):
     (tmp_path / "run.json").write_text(json.dumps({"status": "done"}))
     with pytest.raises(WorkdirTaken):
         Run.prepare(tmp_path, {"seed": 0})
+
+
+def test_process_1_resumes_a_run_it_finished_when_process_0_failed(tmp_path, monkeypatch):
+    """Process 0 works on after the others end (the model, final.json): when that fails, process 1's record
+    says done and the run's says failed. The same command resumes both (it refused: 'a finished run')."""
+    from hwrepro.harness import parallel
+
+    for folder, status in ((tmp_path, "failed: RecordWriteError: disk full"), (tmp_path / "process-1", "done")):
+        folder.mkdir(exist_ok=True)
+        (folder / "run.json").write_text(json.dumps({"status": status}))
+        records.write_config(folder, {"seed": 0})
+    (tmp_path / "checkpoints" / "40").mkdir(parents=True)
+    monkeypatch.setenv(parallel.PROCESS_ENV, "1/2@127.0.0.1:1234")
+    assert Run.prepare(tmp_path / "process-1", {"seed": 0}) == (True, None)
+    (tmp_path / "run.json").write_text(json.dumps({"status": "done"}))  # the run is finished: still refused
+    with pytest.raises(WorkdirTaken):
+        Run.prepare(tmp_path / "process-1", {"seed": 0})
 
 
 def test_xla_flags_follow_the_numerics_fields():

@@ -15,7 +15,7 @@ from flax.training import train_state
 from hwrepro import data
 from hwrepro.data import mnist
 from hwrepro.errors import ConfigError
-from hwrepro.harness import numerics, trained
+from hwrepro.harness import numerics, parallel, trained
 from hwrepro.harness.loop import fit, snapshot_spacing, snapshotter
 from hwrepro.harness.records import Run
 from hwrepro.models import reconstruction_loss
@@ -23,6 +23,7 @@ from hwrepro.models.model_registry import model_class
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
+    parallel.require_one_device(config, "autoencoder")
     sources = data.get(config.data.dataset, "images").sources
     model_class(config.model.name, _model_fields(config))
     sizes = list(config.model.get("encoder_sizes") or ())

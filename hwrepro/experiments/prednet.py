@@ -22,7 +22,7 @@ import optax
 from flax.training import train_state
 
 from hwrepro import data
-from hwrepro.harness import numerics, trained
+from hwrepro.harness import numerics, parallel, trained
 from hwrepro.data import video
 from hwrepro.errors import ConfigError
 from hwrepro.models.model_registry import model_class
@@ -33,6 +33,7 @@ from hwrepro.harness.loop import fit, snapshot_spacing, snapshotter
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
+    parallel.require_one_device(config, "PredNet")
     m, d = config.model, config.data
     data.get(d.dataset, "video")  # each data set checks its own data.source when it loads
     model_class(m.name, _model_fields(config))

@@ -190,7 +190,7 @@ def predictor(config: ml_collections.ConfigDict, state: sparse.SlideState, use_l
     if e.tables == "training" and ops is not ONE_DEVICE:  # a mesh: each shard queries its own tables
         return lambda batch: (ops.to_host(ops.topk_lsh(state.params, state.hash_fn, state.tables,
                                                        ops.put_batch(batch), k, bucket_capacity=e.bucket_capacity,
-                                                       dtype=dtype)), None)
+                                                       dtype=dtype, max_scored=e.max_scored)), None)
     if e.tables == "inference":
         params = ops.model_params(state.params)
         if ops is not ONE_DEVICE:  # the mesh's shards, gathered to the host: onto this process's device, once

@@ -98,6 +98,16 @@ def mesh(config: Mapping[str, Any]):
 # --------------------------------------------------------------------------------------------- processes
 
 
+def require_one_device(config: Mapping[str, Any], experiment: str) -> None:
+    """ConfigError naming the parallel fields when they ask an experiment that has no mesh (it would train the
+    whole model in every process, unshared) for devices or processes."""
+    p = config.get("parallel")
+    if p is not None and (p["model"], p["data"], p["processes"]) != (1, 1, 1):
+        raise ConfigError(f"parallel.model={p['model']}, parallel.data={p['data']}, parallel.processes="
+                          f"{p['processes']}: the {experiment} runs on one device in one process (SLIDE's output "
+                          "layer is what splits over devices)")
+
+
 class Place(NamedTuple):
     """This process's place in a multi-process run: index, count, coordinator ("HOST:PORT", or "auto" for
     JAX's cluster detection)."""
@@ -148,12 +158,15 @@ def initialize() -> None:
         return
     import jax
 
+    # JAX's preemption service installs a SIGTERM handler of its own in place of interrupts.catch_signals's:
+    # SIGTERM (Slurm's preemption, the launcher's death) would then be ignored, not checkpointed.
+    jax.config.update("jax_enable_preemption_service", False)
+    timeouts = dict(initialization_timeout=JOIN_SECONDS, heartbeat_timeout_seconds=HEARTBEAT_SECONDS)
     if where.coordinator == "auto":
-        jax.distributed.initialize(initialization_timeout=JOIN_SECONDS, heartbeat_timeout_seconds=HEARTBEAT_SECONDS)
-    else:
+        jax.distributed.initialize(**timeouts)
+    else:  # a run on this machine: the coordinator listens on loopback only
         jax.distributed.initialize(coordinator_address=where.coordinator, num_processes=where.count,
-                                   process_id=where.index, initialization_timeout=JOIN_SECONDS,
-                                   heartbeat_timeout_seconds=HEARTBEAT_SECONDS)
+                                   process_id=where.index, coordinator_bind_address=where.coordinator, **timeouts)
 
 
 def is_main_process() -> bool:

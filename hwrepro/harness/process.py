@@ -30,7 +30,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 import ml_collections
 
@@ -75,7 +75,8 @@ def run_processes(config: ml_collections.ConfigDict, workdir: Path) -> int:
     Process 0 is the run: its record is workdir's own (config.json, run.json, metrics.jsonl, final.json).
     Process i > 0 keeps its record in workdir/process-<i>/, and every process's output goes to
     workdir/process-<i>/output.txt (process 0's is shown here too). When one process ends without success the
-    others are stopped (SIGTERM, then SIGKILL after STOP_SECONDS) and run.json says which one and why.
+    others are stopped (after GRACE_SECONDS, SIGTERM, then SIGKILL after STOP_SECONDS) and run.json says which
+    one and why, unless process 0 failed by itself and said so.
     """
     workdir = Path(workdir)
     count = config.parallel.processes
@@ -101,26 +102,35 @@ def run_processes(config: ml_collections.ConfigDict, workdir: Path) -> int:
                     shown = threading.Thread(target=_tee, args=(children[0].stdout, output), daemon=True)
                     shown.start()
             with _forwarding_signals(*children) as forwarded:
-                codes, first = _wait_all(children)
+                codes, first, stopped = _wait_all(children)
             shown.join(timeout=5)
     finally:
         os.close(lock)
     if first is None:
         return runner.EXIT_DONE
+    opened = records.record_stamp(workdir) != stamp  # process 0 opened its record (run.json) in this run
     if forwarded:
+        if codes[0] < 0 and opened and records.status_of(workdir) == "running":
+            records.set_status(workdir, f"interrupted: {forwarded[0]}, then process 0 {exit_reason(codes[0])} "
+                                        f"({records.resume_hint(workdir)} from its last checkpoint)",
+                               "hwrepro.harness.process")
         raise interrupts.Interrupted(forwarded[0], reported=True)
     if all(code == runner.EXIT_SKIPPED for code in codes):  # the platform is missing: each process said so
         return runner.EXIT_SKIPPED
-    if first > 0 or codes[0] < 0:  # else process 0 recorded and printed why it failed itself
-        why = (f"process {first} of {count} {exit_reason(codes[first])}; the others were stopped (its output: "
-               f"{workdir / f'process-{first}' / 'output.txt'})")
-        if records.record_stamp(workdir) != stamp and records.status_of(workdir) != "done":  # process 0's record
-            records.set_status(workdir, f"failed: {why}", "hwrepro.harness.process")
-        print(f"error: {why}", file=sys.stderr)
+    if first != 0 or codes[0] < 0:  # else process 0 failed first, and recorded and printed why
+        what = (f"process {first} of {count} {exit_reason(codes[first])} (its output: "
+                f"{workdir / f'process-{first}' / 'output.txt'})")
+        own = (records.status_of(workdir) if opened else None) or "done"  # done: nothing of process 0's to correct
+        if own != "done":  # the cause first; process 0's own reason after it if it gave one (a lost peer, say)
+            stopped_too = 0 in stopped or codes[0] < 0 or own == "running"
+            records.set_status(workdir, f"failed: {what}; " + ("the others were stopped" if stopped_too else
+                                                               f"then process 0 {own}"), "hwrepro.harness.process")
+        print(f"error: {what}; the others were stopped", file=sys.stderr)
     return runner.EXIT_BAD_INPUT if runner.EXIT_BAD_INPUT in codes else runner.EXIT_FAILED
 
 
-STOP_SECONDS = 10
+GRACE_SECONDS = 2  # after one process fails, for the others to fail by themselves (and say why)
+STOP_SECONDS = 10  # after SIGTERM, for them to checkpoint and record before SIGKILL
 
 
 def _command(folder: Path) -> list[str]:
@@ -145,19 +155,21 @@ def _gpus_of(config: ml_collections.ConfigDict, index: int) -> dict[str, str]:
     return {"CUDA_VISIBLE_DEVICES": parallel.own_gpus(index, per)}
 
 
-def _wait_all(children: list[subprocess.Popen]) -> tuple[list[int], int | None]:
-    """Waits for every child; once one ends with a non-zero code, the rest get SIGTERM, and SIGKILL after
-    STOP_SECONDS. Returns the exit codes and the index of the first child to fail (None if none did)."""
-    first, failed_at = None, 0.0
+def _wait_all(children: list[subprocess.Popen]) -> tuple[list[int], int | None, set[int]]:
+    """Waits for every child. Once one ends with a non-zero code, the others have GRACE_SECONDS to end by
+    themselves (they often fail together, e.g. on a nan loss, and each records its own reason), then get
+    SIGTERM, and SIGKILL after STOP_SECONDS. Returns the exit codes, the index of the first child to fail by
+    itself (None if none did) and the indices of those stopped."""
+    first, failed_at, stopped = None, 0.0, set()
     while None in [child.poll() for child in children]:  # every child polled, each time
         if first is None:
             first = next((i for i, c in enumerate(children) if c.returncode not in (None, 0)), None)
-            if first is not None:
-                failed_at = time.monotonic()
-                for child in children:
-                    if child.poll() is None:
-                        child.terminate()
-        elif time.monotonic() - failed_at > STOP_SECONDS:
+            failed_at = time.monotonic()
+        elif not stopped and time.monotonic() - failed_at > GRACE_SECONDS:
+            stopped = {i for i, child in enumerate(children) if child.poll() is None}
+            for i in stopped:
+                children[i].terminate()
+        elif stopped and time.monotonic() - failed_at > GRACE_SECONDS + STOP_SECONDS:
             for child in children:
                 if child.poll() is None:
                     child.kill()
@@ -165,7 +177,7 @@ def _wait_all(children: list[subprocess.Popen]) -> tuple[list[int], int | None]:
     codes = [child.returncode for child in children]
     if first is None:
         first = next((i for i, code in enumerate(codes) if code != 0), None)
-    return codes, first
+    return codes, first, stopped
 
 
 def exit_reason(code: int) -> str:
@@ -271,12 +283,45 @@ def main(argv: list[str] | None = None) -> int:
         return runner.EXIT_BAD_INPUT
     workdir = Path(argv[0])
     config = ml_collections.ConfigDict(json.loads(os.environ.pop(_CONFIG_ENV)))
+    sys.stdout, sys.stderr = _Unbroken(sys.stdout), _Unbroken(sys.stderr)  # a run outlives its launcher's pipe
     try:
         final = runner.run_here(config, workdir, locked=True)
     except (Exception, KeyboardInterrupt) as e:  # the run record holds the status and traceback
-        return runner.report_error(e)
+        code = runner.report_error(e)
+        if parallel.place() is not None:
+            # JAX's exit handler would wait up to 300 s at a shutdown barrier for peers that may be stuck in a
+            # collective this process left: the record is written, so end now and let the launcher stop them.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+        return code
     runner.print_final(final)
     return runner.EXIT_DONE
+
+
+class _Unbroken:
+    """A child's stdout or stderr that drops what it cannot write once its reader (the launcher) is gone,
+    where print would raise BrokenPipeError and fail the run; the run's log.txt keeps its lines."""
+
+    def __init__(self, stream: Any):
+        self._stream, self._reader_gone = stream, False
+
+    def _try(self, call: Callable[[], Any], default: Any) -> Any:
+        if not self._reader_gone:
+            try:
+                return call()
+            except BrokenPipeError:
+                self._reader_gone = True
+        return default
+
+    def write(self, text: str) -> int:
+        return self._try(lambda: self._stream.write(text), len(text))
+
+    def flush(self) -> None:
+        self._try(self._stream.flush, None)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
 
 
 if __name__ == "__main__":

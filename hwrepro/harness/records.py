@@ -363,7 +363,8 @@ class Run:
         its first step). The caller holds the workdir's lock (`lock_workdir`).
         """
         workdir = Path(workdir)
-        refuse_finished(workdir)
+        # Process i > 0 follows the run's record: its own is done when it finished before process 0 failed.
+        refuse_finished(parallel.run_workdir(workdir))
         try:
             same_config = read_json(workdir / CONFIG_FILE) == config_dict(config)
         except (OSError, ValueError):

@@ -511,13 +511,18 @@ def topk_scored(mesh: jax.sharding.Mesh, params: Params, batch: Batch, k: int, *
     return _shard_map(local, mesh, (state_specs(params), _batch_specs(batch)), (P(DATA), P(DATA)))(params, batch)
 
 
-@functools.partial(jax.jit, static_argnames=("mesh", "k", "num_labels", "bucket_capacity", "dtype"))
+@functools.partial(jax.jit, static_argnames=("mesh", "k", "num_labels", "bucket_capacity", "dtype",
+                                             "max_scored"))
 def topk_lsh(mesh: jax.sharding.Mesh, params: Params, hash_fn: Any, tables: lsh.Tables, batch: Batch, k: int, *,
-             num_labels: int, bucket_capacity: int = 16, dtype: Any = jnp.float32) -> jax.Array:
+             num_labels: int, bucket_capacity: int = 16, dtype: Any = jnp.float32,
+             max_scored: int | None = None) -> jax.Array:
     """evaluation.topk_lsh over the mesh: each shard scores the rows its own tables retrieve, then the merge.
-    The mesh reads bucket_capacity ids of a bucket in all, as one device does (each shard its share, as the
-    training step's query). int32 [B, k] (P("data")), -1 where fewer than k neurons were retrieved over all
-    shards."""
+    The mesh reads bucket_capacity ids of a bucket and scores at most max_scored distinct ids in all, as one
+    device does (each shard its share, as the training step's query; with one model shard, the one-device
+    ids). int32 [B, k] (P("data")), -1 where fewer than k neurons were retrieved over all shards."""
+    shards = mesh.shape[MODEL]
+    share = lambda n: None if n is None else -(-n // shards)
+
     def local(params, hash_fn, tables, batch):
         params = training.model_params(params)
         p_in, p_out = params["input"], params["output"]
@@ -525,7 +530,7 @@ def topk_lsh(mesh: jax.sharding.Mesh, params: Params, hash_fn: Any, tables: lsh.
         offset = lax.axis_index(MODEL) * rows
         h = _dense_hidden(p_in, batch, dtype)[0]
         ids, z = lsh_logits(p_out["weight"], p_out["bias"], h, hash_fn, lsh.Tables(tables.ids[0], tables.starts[0]),
-                            -(-bucket_capacity // lax.psum(1, MODEL)), dtype)
+                            share(bucket_capacity), dtype, max_scored=share(max_scored))
         z = jnp.where(ids + offset < num_labels, z, -jnp.inf)
         v, best = top_k_of(z, ids, k, pad_id=rows)  # a shard may score fewer than k: -inf, dropped as -1 below
         v, ids = _merge_topk(v, best + offset, k)
