@@ -413,6 +413,16 @@ def _running(folder: Path) -> bool:
     return subprocess.run(["pgrep", "-f", f"hwrepro.harness.process {folder}"], capture_output=True).returncode == 0
 
 
+def _wait_for_a_step_of_process_1(proc: subprocess.Popen, workdir: Path) -> None:
+    """Returns once process 1 of the launched run has logged a step (within 120 s, its launcher alive)."""
+    import time
+
+    deadline, metrics = time.time() + 120, workdir / "process-1" / "metrics.jsonl"
+    while not metrics.exists() or not metrics.read_text().strip():
+        assert proc.poll() is None and time.time() < deadline, "process 1 never logged a step"
+        time.sleep(0.2)
+
+
 @pytest.mark.slow
 def test_a_dead_process_ends_the_others_with_a_clear_error(tmp_path):
     """SIGKILL to process 1 of 2 mid-training: the launcher stops process 0 (blocked in a collective with the
@@ -424,11 +434,7 @@ def test_a_dead_process_ends_the_others_with_a_clear_error(tmp_path):
     workdir = tmp_path / "run"
     proc = launch_process(f"--config={_tiny_config_file(tmp_path, 20)}", f"--workdir={workdir}", *TWO_PROCESSES)
     try:
-        deadline = time.time() + 120
-        while not (workdir / "process-1" / "metrics.jsonl").exists() or \
-                not (workdir / "process-1" / "metrics.jsonl").read_text().strip():
-            assert proc.poll() is None and time.time() < deadline, "process 1 never logged a step"
-            time.sleep(0.2)
+        _wait_for_a_step_of_process_1(proc, workdir)
         subprocess.run(["pkill", "-KILL", "-f", f"hwrepro.harness.process {workdir / 'process-1'}"], check=True)
         killed = time.time()
         _, err = proc.communicate(timeout=60)
@@ -457,11 +463,7 @@ def test_sigterm_to_a_two_process_run_checkpoints_and_the_same_command_resumes(t
             "--config.train.checkpoint_every=20")
     proc = launch_process(*args)
     try:
-        deadline = time.time() + 120
-        while not (workdir / "process-1" / "metrics.jsonl").exists() or \
-                not (workdir / "process-1" / "metrics.jsonl").read_text().strip():
-            assert proc.poll() is None and time.time() < deadline, "process 1 never logged a step"
-            time.sleep(0.2)
+        _wait_for_a_step_of_process_1(proc, workdir)
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
     finally:
