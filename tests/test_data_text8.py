@@ -202,6 +202,28 @@ def test_text_source_loads_a_file_through_the_config(tmp_path):
     assert data.steps_per_epoch == int(57 * keep[0] + 28.5 * keep[1] + 28.5 * keep[2]) // 2 < 114 // 2
 
 
+def test_held_out_tail_is_the_test_set_and_each_epoch_draws_anew(tmp_path):
+    """The test pairs' centres lie in the held-out last 5% (words found only there), and the training batches
+    go on into epoch 1's own subsample and shuffle, not epoch 0's again."""
+    import dataclasses
+
+    path = tmp_path / "book.txt"
+    path.write_text(" ".join(["alpha beta gamma delta"] * 95 + ["omega psi"] * 10))
+    c = _text_config(path, min_count=2)
+    c.data.subsample = 1.0  # keep most words: an epoch of many batches
+    data = t8.label_data(c)
+    corpus = t8.load_corpus(c.data)
+    tail = {corpus.words.index("omega"), corpus.words.index("psi")}
+    assert set(data.test.batch["feat_ids"][:, 0].tolist()) == tail
+    train = dataclasses.replace(corpus, tokens=corpus.tokens[:data.num_train])
+    epochs = [list(t8.skipgram_batches(train, 2, 1, seed=c.seed, epoch=e, sample=1.0)) for e in (0, 1)]
+    stream = data.train_batches()
+    for want in epochs[0] + epochs[1][:1]:
+        got = next(stream)
+        assert all(np.array_equal(got[k], want[k]) for k in want)
+    assert not all(np.array_equal(epochs[0][0][k], epochs[1][0][k]) for k in epochs[0][0])
+
+
 @pytest.mark.parametrize("data,problem", [
     (b"", ":1: empty file: no words"),
     (b"1913 -- 42\n", ":1: empty file: no words (no letters a-z)"),

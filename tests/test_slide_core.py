@@ -340,23 +340,33 @@ def test_per_example_step_equals_the_dense_gradient_and_adam_of_each_examples_ow
 
     @jax.jit
     def reference(params, hash_fn, tables):
-        h = model.sparse_hidden(params["input"]["embedding"], params["input"]["bias"], batch["feat_ids"],
-                                batch["feat_vals"])
+        hidden = lambda hb: model.sparse_hidden(params["input"]["embedding"], hb, batch["feat_ids"],
+                                                batch["feat_vals"])
+        h = hidden(params["input"]["bias"])
         retrieved = sparse.lsh.query(hash_fn, tables, h, capacity).reshape(B, -1)
         labels = jnp.asarray(batch["labels"])
         cand, mask = sparse.per_example_candidates(labels, retrieved, key, m, N).as_rows(N)
-        targets = candidates.per_example_targets(labels, cand, N)
-        loss_fn = lambda w, b: model.softmax_xent(model.output_logits(w, b, h, cand), targets, mask)
-        loss, grads = jax.value_and_grad(loss_fn, argnums=(0, 1))(params["output"]["weight"],
-                                                                  params["output"]["bias"])
-        return loss, grads, cand, mask
+        # The targets of all N labels (1 / |labels| at each), read at each example's candidate columns.
+        targets = jnp.where(cand < N, jnp.take_along_axis(model.label_targets(labels, N), jnp.minimum(cand, N - 1),
+                                                          axis=1), 0.0)
+        loss_fn = lambda w, b, hb: model.softmax_xent(model.output_logits(w, b, hidden(hb), cand), targets, mask)
+        loss, grads = jax.value_and_grad(loss_fn, argnums=(0, 1, 2))(
+            params["output"]["weight"], params["output"]["bias"], params["input"]["bias"])
+        return loss, grads, cand, mask, targets
 
-    loss, (g_w, g_b), cand, mask = jax.tree.map(np.asarray, reference(state.params, state.hash_fn, state.tables))
+    loss, (g_w, g_b, g_hb), cand, mask, targets = jax.tree.map(
+        np.asarray, reference(state.params, state.hash_fn, state.tables))
+    np.testing.assert_allclose(targets.sum(1), 1.0, rtol=1e-6)  # every example's labels are among its candidates
     state, metrics = step(state, batch, key)
     touched = np.zeros(N, bool)
     touched[cand[mask]] = True
     assert 200 < touched.sum() < mask.sum() // 4  # rows shared by many examples
     np.testing.assert_allclose(float(metrics["loss"]), loss, rtol=1e-6)
+    assert float(metrics["candidates"]) == mask.sum() / B
+    # The hidden layer's bias, a dense parameter, takes Adam's first step too.
+    hb1 = np.asarray(state.params["input"]["bias"])
+    np.testing.assert_allclose(p0["input"]["bias"] - hb1, lr * g_hb / (np.abs(g_hb) + 1e-8), rtol=1e-4,
+                               atol=1e-4 * lr)
     for name, g, w0 in (("weight", g_w, p0["output"]["weight"]), ("out_bias", g_b, p0["output"]["bias"])):
         mu = np.asarray(state.opt_state.rows.mu[name])
         np.testing.assert_allclose(mu[touched], 0.1 * g[touched], rtol=1e-5, atol=1e-6 * np.abs(g).max())
@@ -544,3 +554,12 @@ def test_bf16_adam_moments_store_the_float32_moments_rounded(optimized, batch):
     assert mu_narrow.dtype == jnp.uint16 and np.any(np.asarray(mu_wide) != 0)  # bfloat16 bits, as tables
     np.testing.assert_array_equal(np.asarray(sparse_adam.from_storage(mu_narrow)),
                                   np.asarray(mu_wide.astype(jnp.bfloat16)))
+
+
+def test_log_uniform_draws_follow_zipfs_law_by_id():
+    """P(id) = log((id + 2) / (id + 1)) / log(N + 1): id 0 the most likely (a rank, most frequent first)."""
+    n, draws = 50, 400_000
+    ids = np.asarray(sparse.sample_labels(jax.random.PRNGKey(0), (draws,), n, "log_uniform"))
+    p = np.log((np.arange(n) + 2) / (np.arange(n) + 1)) / np.log(n + 1)
+    counts = np.bincount(ids, minlength=n)
+    assert counts.size == n and np.all(np.abs(counts - draws * p) < 5 * np.sqrt(draws * p))

@@ -169,3 +169,16 @@ def test_minimum_detectable_effect_beyond_a_hundred_standard_deviations():
     """Two values a group at alpha 0.001: the MDE is past the first bracket of 100 sd, which made brentq fail."""
     mde = stats.minimum_detectable_effect(2, 1.0, 2, 1.0, alpha=0.001)
     assert mde > 100.0 and stats.welch_power(mde, 2, 1.0, 2, 1.0, alpha=0.001) == pytest.approx(0.8, abs=2e-3)
+
+
+def test_compare_gives_each_group_its_own_size_and_spread():
+    a, b = [1.0, 2.0, 4.0, 8.0], [0.0, 0.5]
+    sa, sb = stats.summarize(a), stats.summarize(b)
+    assert stats.compare(a, b).mde == stats.minimum_detectable_effect(4, sa.std, 2, sb.std)
+    assert stats.compare(a, b).mde != stats.minimum_detectable_effect(4, sb.std, 2, sa.std)
+
+
+def test_hedges_g_needs_four_values_in_all():
+    effect = stats.effect_size([1.0, 2.0], [3.0])
+    assert math.isfinite(effect.cohens_d) and math.isnan(effect.hedges_g)
+    assert any("Hedges' g undefined" in w for w in effect.warnings)

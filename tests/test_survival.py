@@ -283,6 +283,47 @@ def test_evaluations_run_every_eval_every_steps_whatever_log_every_is(tmp_path):
     assert [(r["step"], r.get("eval_w")) for r in rows] == [(3, 3.0), (5, None), (6, 6.0), (9, 9.0), (10, 10.0)]
 
 
+def test_logged_lines_hold_window_means_epochs_rates_and_running_totals_across_a_resume(tmp_path):
+    """The numbers a hardware study reads: the loss of a line is the mean over its window, examples/s is the
+    window's examples over its own training seconds, train_seconds keeps counting through a resume, and the
+    checkpoints kept are the last `checkpoint_keep`."""
+    import jax.numpy as jnp
+
+    def run(num_steps):
+        rec = Run.start(tmp_path, {"name": "toy"}, {}, quiet=True)
+        fit({"w": jnp.float32(0.0)}, lambda s, b: ({"w": s["w"] + 1.0}, {"loss": jnp.float32(b)}),
+            iter(range(1, 100)), num_steps=num_steps, examples_per_step=4, rec=rec, log_every=5,
+            steps_per_epoch=10, checkpoint_every=5, checkpoint_keep=2)
+        rec.close()
+
+    run(12)  # "interrupted" after step 12: checkpoints at 5 and 10
+    assert checkpoint_steps(tmp_path) == [5, 10]
+    run(22)  # resumes at 10
+    assert checkpoint_steps(tmp_path) == [15, 20]
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["loss"], r["epoch"]) for r in rows] == [
+        (5, 3.0, 0.5), (10, 8.0, 1.0), (15, 13.0, 1.5), (20, 18.0, 2.0), (22, 21.5, 2.2)]
+    seconds = [0.0] + [r["train_seconds"] for r in rows]
+    assert all(b > a for a, b in zip(seconds, seconds[1:]))  # no restart from 0 at the resume
+    for r, before, steps in zip(rows, seconds, (5, 5, 5, 5, 2)):
+        assert r["examples_per_s"] * (r["train_seconds"] - before) == pytest.approx(4 * steps, rel=1e-6)
+
+
+def test_the_last_step_is_always_snapshotted_and_a_rewind_keeps_its_own_step(tmp_path):
+    import jax.numpy as jnp
+
+    rec = Run.start(tmp_path, {"name": "toy"}, {}, quiet=True)
+    snapshots = []
+    fit({"w": jnp.float32(0.0)}, lambda s, b: ({"w": s["w"] + 1.0}, {"loss": jnp.float32(1.0)}),
+        iter(range(1, 100)), num_steps=10, examples_per_step=1, rec=rec, log_every=100, snapshot_every=3,
+        snapshot_fn=lambda step, state: rec.save_params(step, state) or snapshots.append(step) or {})
+    assert snapshots == [3, 6, 9, 10]
+    rec.rewind(9)  # a resume from a checkpoint at step 9 keeps the snapshot taken there
+    rec.save_params(10, {"w": jnp.float32(10.0)})
+    rec.close()
+    assert sorted(records.read_trajectory(tmp_path)) == [3, 6, 9, 10]
+
+
 def test_bfloat16_parameters_are_checked_for_non_finite_values():
     import jax.numpy as jnp
 

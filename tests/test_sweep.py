@@ -505,3 +505,15 @@ def test_report_states_the_minimum_detectable_effect_and_has_an_html_twin(hand):
     page = (hand["workdir"] / "report.html").read_text()
     assert "<td>+1</td><td>" + f"{mde:.3g}" + "</td>" in page and "<th>MDE</th>" in page
     assert page.count('<img src="data:image/png;base64,') == hand["text"].count("![")
+
+
+def test_a_point_keeps_the_status_its_own_process_recorded(tmp_path):
+    """A point that recorded how it ended (interrupted, failed) keeps it; one that exited without a record,
+    or killed, is recorded as failed with what its output's last error line says."""
+    for status in ("interrupted: SIGTERM at step 3 of 10; checkpoint saved", "failed: RunFailed: loss is nan"):
+        records.write_json_atomic(tmp_path / "run.json", {"status": status})
+        assert sweep._settle(tmp_path, 1) == status
+        assert json.loads((tmp_path / "run.json").read_text())["status"] == status
+    records.write_json_atomic(tmp_path / "run.json", {"status": "running"})
+    (tmp_path / sweep.OUTPUT_FILE).write_text("step 2\nerror: MemoryError\n")
+    assert sweep._settle(tmp_path, -9) == f"failed: exit code -9: MemoryError (see {sweep.OUTPUT_FILE})"
