@@ -40,15 +40,18 @@ def test_batches_stay_within_one_source_and_follow_the_seed():
     sources = ["a"] * 7 + ["b"] * 3 + ["c"] * 9
     vid = indexed_video(sources)
     stream = video.batches(vid, nt=4, batch_size=5, seed=3)
-    seen = set()
+    seen, passes = set(), []
     for _ in range(6):
         batch = next(stream)
+        passes.append(np.rint(batch[:, 0, 0, 0, 0] * 255).astype(int))
         assert batch.shape == (5, 4, 2, 2, 1) and batch.dtype == np.float32
         idx = np.rint(batch[:, :, 0, 0, 0] * 255).astype(int)              # [5, 4] frame indices
         np.testing.assert_array_equal(np.diff(idx, axis=1), 1)              # consecutive frames
         assert all(len({sources[i] for i in clip}) == 1 for clip in idx)   # one source each
         seen.update(idx[:, 0])
     assert seen == set(video.sequence_starts(sources, 4))                  # 30 draws: 3 passes over 10 clips
+    orders = np.concatenate(passes).reshape(3, 10)                          # each pass a fresh permutation
+    assert len({tuple(o) for o in orders}) == 3 and all(sorted(o) == sorted(orders[0]) for o in orders)
     first = next(video.batches(vid, 4, 5, seed=3))
     np.testing.assert_array_equal(first, next(video.batches(vid, 4, 5, seed=3)))
     assert not np.array_equal(first, next(video.batches(vid, 4, 5, seed=4)))
