@@ -45,6 +45,8 @@ def test_vocabulary_of_a_hand_worked_corpus(tmp_path):
     capped = t8.read_text8(path, min_count=1, max_vocab=3)
     assert capped.words == ("the", "cat", "end")
     np.testing.assert_array_equal(capped.tokens, [0, 1, 0, 0, 2])
+    capped_unk = t8.read_text8(path, min_count=1, max_vocab=3, rare="unk")  # UNK takes one of the 3 slots
+    assert capped_unk.words == ("<unk>", "the", "cat")
 
 
 def test_reading_in_small_blocks_gives_the_same_corpus(tmp_path, monkeypatch, corpus):
