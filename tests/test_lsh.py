@@ -51,6 +51,7 @@ def test_auto_simhash_dtype_is_bf16_only_where_the_cpu_multiplies_bf16(monkeypat
     from hwrepro.harness import records
 
     monkeypatch.setattr(records, "cpu_info", lambda: {"model": "x", "isa_flags": flags, "logical_cores": 2})
+    monkeypatch.setattr(jax, "default_backend", lambda: "cpu")  # a GPU run of the suite: still the CPU rule
     for family in ("simhash", "simhash_pairs"):
         assert lsh.init_hash(family, jax.random.key(0), 24, 6, 5, dtype="auto").planes.dtype == expected
 

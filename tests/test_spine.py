@@ -219,9 +219,24 @@ def test_process_1_resumes_a_run_it_finished_when_process_0_failed(tmp_path, mon
     (tmp_path / "checkpoints" / "40").mkdir(parents=True)
     monkeypatch.setenv(parallel.PROCESS_ENV, "1/2@127.0.0.1:1234")
     assert Run.prepare(tmp_path / "process-1", {"seed": 0}) == (True, None)
+    # Under Slurm, task 1 launches its own child in process-1/: the launcher follows the run's record too.
+    from hwrepro.harness import process
+
+    class Started(Exception):
+        pass
+
+    def popen(*args, **kwargs):
+        raise Started
+
+    monkeypatch.setattr(process, "_environment", lambda config: {})
+    monkeypatch.setattr(process.subprocess, "Popen", popen)
+    with pytest.raises(Started):
+        process.run_in_child(None, tmp_path / "process-1")
     (tmp_path / "run.json").write_text(json.dumps({"status": "done"}))  # the run is finished: still refused
     with pytest.raises(WorkdirTaken):
         Run.prepare(tmp_path / "process-1", {"seed": 0})
+    with pytest.raises(WorkdirTaken):
+        process.run_in_child(None, tmp_path / "process-1")
 
 
 def test_xla_flags_follow_the_numerics_fields():

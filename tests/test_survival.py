@@ -7,6 +7,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -206,6 +207,27 @@ def test_a_checkpoint_of_another_state_is_refused_in_one_line_and_kept(tmp_path)
             run(state, 30)
     assert checkpoint_steps(tmp_path) == [10]
     assert float(run({"w": jnp.zeros(3)}, 30)["w"][0]) == 30  # the right state still resumes from it
+
+
+def test_a_float_array_is_restored_in_the_float_type_it_was_saved_in(tmp_path):
+    """SimHash's dtype "auto" draws bf16 hyperplanes on one CPU and fp32 on another: a run resumed on the
+    other keeps its own (it was refused as 'written by other code'); other differences are still refused."""
+    import jax.numpy as jnp
+
+    from hwrepro.harness.checkpoints import Checkpoints
+    from hwrepro.harness.records import WorkdirTaken
+
+    ckpt = Checkpoints(tmp_path / "checkpoints")
+    ckpt.save(10, {"planes": jnp.full(3, 0.5, jnp.bfloat16), "ids": jnp.arange(2)}, {})
+    ckpt.close()
+    ckpt = Checkpoints(tmp_path / "checkpoints")
+    try:
+        state, _ = ckpt.restore(10, {"planes": jnp.zeros(3, jnp.float32), "ids": jnp.zeros(2, jnp.int32)})
+        assert state["planes"].dtype == jnp.bfloat16 and float(state["planes"][0]) == 0.5
+        with pytest.raises(WorkdirTaken, match="array 0 is int32 \\[2\\], where the run's is float32 \\[2\\]"):
+            ckpt.restore(10, {"planes": jnp.zeros(3), "ids": jnp.zeros(2, jnp.float32)})
+    finally:
+        ckpt.close()
 
 
 def test_a_resume_drops_metrics_lines_after_its_step_and_lines_that_do_not_parse(tmp_path):
@@ -484,3 +506,22 @@ def test_snapshots_are_evenly_spaced_and_never_every_zero_steps():
     from hwrepro.harness.loop import snapshot_spacing
 
     assert [snapshot_spacing(100, 4), snapshot_spacing(10, 30), snapshot_spacing(10, 0)] == [25, 1, 0]
+
+
+def _child(marker: Path, seconds: float) -> subprocess.Popen:
+    """A child that exits 1 after `seconds`, writing `marker` if it gets SIGTERM first."""
+    code = (f"import signal, sys, time\nsignal.signal(signal.SIGTERM, lambda *a: open({str(marker)!r}, 'w').close())\n"
+            f"time.sleep({seconds})\nsys.exit(1)\n")
+    return subprocess.Popen([sys.executable, "-c", code])
+
+
+@pytest.mark.parametrize("forwarded", [[], ["SIGTERM"]])
+def test_a_failed_process_stops_the_others_unless_a_signal_is_already_stopping_them(tmp_path, forwarded):
+    """After one process fails, the others get GRACE_SECONDS to fail by themselves, then SIGTERM; when the
+    user's signal was forwarded to all of them, they are checkpointing to stop and get no second one."""
+    from hwrepro.harness import process
+
+    children = [_child(tmp_path / "fast", 0.1), _child(tmp_path / "slow", process.GRACE_SECONDS + 2)]
+    codes, first, stopped = process._wait_all(children, forwarded)
+    assert codes == [1, 1] and first == 0
+    assert stopped == (set() if forwarded else {1}) and (tmp_path / "slow").exists() != bool(forwarded)

@@ -292,8 +292,6 @@ def run(config: ml_collections.ConfigDict, rec: Run):
         rec.print(f"mesh: data {mesh.shape['data']} x model {mesh.shape['model']} over {jax.device_count()} "
                   f"{jax.default_backend()} devices in {jax.process_count()} process(es)")
     spec = lsh_spec(config)
-    if m.method == "lsh" and "dtype" in dict(spec.options):  # SimHash's "auto" depends on the machine
-        rec.note("lsh_hash_dtype", simhash.resolve_dtype(dict(spec.options)["dtype"]))
     init_key, step_key, table_key = jax.random.split(jax.random.key(config.seed), 3)
     incremental = m.method == "lsh" and config.lsh.maintenance == "incremental"
     layout = {}
@@ -359,6 +357,9 @@ def run(config: ml_collections.ConfigDict, rec: Run):
                 snapshot_fn=snapshotter(rec, lambda s: ops.model_params(s.params)),
                 checkpoint_every=config.train.checkpoint_every,
                 checkpoint_keep=config.train.checkpoint_keep, host=timing)
+    planes = getattr(state.hash_fn, "planes", None)
+    if m.method == "lsh" and planes is not None:  # SimHash's "auto" depends on the machine; a resume keeps the run's
+        rec.note("lsh_hash_dtype", next(k for k, v in simhash.DTYPES.items() if np.dtype(v) == planes.dtype))
     train_seconds = timing.pop("train_seconds")
 
     final = {"method": m.method, "steps": num_steps, "epochs": num_steps / data.steps_per_epoch,

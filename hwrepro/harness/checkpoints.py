@@ -60,15 +60,21 @@ class Checkpoints:
             raise RunFailed(f"cannot write checkpoint {self.folder / str(step)}: {e.strerror or e}") from None
 
     def restore(self, step: int, like: Any) -> tuple[Any, dict[str, Any]]:
-        """(the state of checkpoint `step` with the structure, dtypes and shapes of `like`, its host JSON).
+        """(the state of checkpoint `step` with the structure, dtypes and shapes of `like`, except that a float
+        array keeps the float type it was saved in; its host JSON).
 
         WorkdirTaken, one line, when the checkpoint's arrays are not those of `like` (code that changed the
         training state since it was written): orbax would refuse a different count with a long message, and
         silently restore an array of another shape."""
         leaves, treedef = jax.tree_util.tree_flatten(like)
-        target = {str(i): jax.ShapeDtypeStruct(np.shape(x), _dtype(x), sharding=x.sharding if _split(x) else None)
-                  for i, x in enumerate(leaves)}
         saved = {k: (tuple(m.shape), np.dtype(m.dtype)) for k, m in self._manager.item_metadata(step)["state"].items()}
+        # A float array comes back in the float type it was saved in: a choice made by the machine, such as
+        # SimHash's dtype "auto" (bf16 hyperplanes where bf16 products are native), stays the run's.
+        floats = lambda *dtypes: all(jax.numpy.issubdtype(d, jax.numpy.floating) for d in dtypes)
+        kept = lambda i, x: (saved[str(i)][1] if str(i) in saved and saved[str(i)][0] == np.shape(x)
+                             and floats(saved[str(i)][1], _dtype(x)) else _dtype(x))
+        target = {str(i): jax.ShapeDtypeStruct(np.shape(x), kept(i, x), sharding=x.sharding if _split(x) else None)
+                  for i, x in enumerate(leaves)}
         if (wanted := {k: (t.shape, np.dtype(t.dtype)) for k, t in target.items()}) != saved:
             raise WorkdirTaken(f"checkpoint {self.folder / str(step)} does not fit this run's training state "
                                f"({_mismatch(saved, wanted)}): it was written by other code; move {self.folder} "

@@ -50,7 +50,7 @@ def run_in_child(config: ml_collections.ConfigDict, workdir: Path, stdout=None, 
     workdir = Path(workdir)
     lock = records.lock_workdir(workdir)
     try:
-        records.refuse_finished(workdir)
+        records.refuse_finished(parallel.run_workdir(workdir))  # a Slurm task i > 0: the run's own record
         stamp = records.record_stamp(workdir)
         child = subprocess.Popen(_command(workdir), env=_environment(config), stdout=stdout, stderr=stderr,
                                  pass_fds=(lock,), process_group=0)
@@ -102,7 +102,7 @@ def run_processes(config: ml_collections.ConfigDict, workdir: Path) -> int:
                     shown = threading.Thread(target=_tee, args=(children[0].stdout, output), daemon=True)
                     shown.start()
             with _forwarding_signals(*children) as forwarded:
-                codes, first, stopped = _wait_all(children)
+                codes, first, stopped = _wait_all(children, forwarded)
             shown.join(timeout=5)
     finally:
         os.close(lock)
@@ -123,9 +123,9 @@ def run_processes(config: ml_collections.ConfigDict, workdir: Path) -> int:
         own = (records.status_of(workdir) if opened else None) or "done"  # done: nothing of process 0's to correct
         if own != "done":  # the cause first; process 0's own reason after it if it gave one (a lost peer, say)
             stopped_too = 0 in stopped or codes[0] < 0 or own == "running"
-            records.set_status(workdir, f"failed: {what}; " + ("the others were stopped" if stopped_too else
-                                                               f"then process 0 {own}"), "hwrepro.harness.process")
-        print(f"error: {what}; the others were stopped", file=sys.stderr)
+            after = ("; the others were stopped" if stopped else "") if stopped_too else f"; then process 0 {own}"
+            records.set_status(workdir, f"failed: {what}{after}", "hwrepro.harness.process")
+        print(f"error: {what}" + ("; the others were stopped" if stopped else ""), file=sys.stderr)
     return runner.EXIT_BAD_INPUT if runner.EXIT_BAD_INPUT in codes else runner.EXIT_FAILED
 
 
@@ -155,16 +155,19 @@ def _gpus_of(config: ml_collections.ConfigDict, index: int) -> dict[str, str]:
     return {"CUDA_VISIBLE_DEVICES": parallel.own_gpus(index, per)}
 
 
-def _wait_all(children: list[subprocess.Popen]) -> tuple[list[int], int | None, set[int]]:
+def _wait_all(children: list[subprocess.Popen], forwarded: list[str] = ()) -> tuple[list[int], int | None, set[int]]:
     """Waits for every child. Once one ends with a non-zero code, the others have GRACE_SECONDS to end by
     themselves (they often fail together, e.g. on a nan loss, and each records its own reason), then get
-    SIGTERM, and SIGKILL after STOP_SECONDS. Returns the exit codes, the index of the first child to fail by
-    itself (None if none did) and the indices of those stopped."""
+    SIGTERM, and SIGKILL after STOP_SECONDS; not after a signal was `forwarded` to them all: they are
+    checkpointing to stop, and a second signal would cut that short. Returns the exit codes, the index of the
+    first child to fail (None if none did) and the indices of those stopped."""
     first, failed_at, stopped = None, 0.0, set()
     while None in [child.poll() for child in children]:  # every child polled, each time
         if first is None:
             first = next((i for i, c in enumerate(children) if c.returncode not in (None, 0)), None)
             failed_at = time.monotonic()
+        elif forwarded:
+            pass
         elif not stopped and time.monotonic() - failed_at > GRACE_SECONDS:
             stopped = {i for i, child in enumerate(children) if child.poll() is None}
             for i in stopped:

@@ -517,9 +517,10 @@ def topk_lsh(mesh: jax.sharding.Mesh, params: Params, hash_fn: Any, tables: lsh.
              num_labels: int, bucket_capacity: int = 16, dtype: Any = jnp.float32,
              max_scored: int | None = None) -> jax.Array:
     """evaluation.topk_lsh over the mesh: each shard scores the rows its own tables retrieve, then the merge.
-    The mesh reads bucket_capacity ids of a bucket and scores at most max_scored distinct ids in all, as one
-    device does (each shard its share, as the training step's query; with one model shard, the one-device
-    ids). int32 [B, k] (P("data")), -1 where fewer than k neurons were retrieved over all shards."""
+    Each shard reads its share of a bucket's bucket_capacity ids (as the training step's query) and scores
+    at most its share of max_scored distinct ids (its most retrieved, rounded up: up to shards - 1 more in
+    all); with one model shard, one device's ids. int32 [B, k] (P("data")), -1 where fewer than k neurons
+    were retrieved over all shards."""
     shards = mesh.shape[MODEL]
     share = lambda n: None if n is None else -(-n // shards)
 

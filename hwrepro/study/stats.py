@@ -3,7 +3,8 @@
 A hardware study compares, say, the final losses of five seeds on one machine with five on another. The
 groups are small and their variances differ, so the test is Welch's t-test (no equal-variance assumption) and
 the size of the difference is reported as Cohen's d with Hedges' small-sample correction. Runs of one seed
-are paired (same initial parameters, same batches), so `paired_ttest` also tests the per-seed differences.
+of set-ups that differ in numerics are paired (same initial parameters, same batches), so `paired_ttest` also
+tests the per-seed differences.
 Deterministic runs can give identical values, i.e. zero variance: then the t statistic and p-value do not
 exist, and the functions here say so in a warning string instead of returning a silent nan.
 
@@ -76,7 +77,7 @@ def _as_values(values: Sequence[float], name: str) -> np.ndarray:
 def _variance(x: np.ndarray) -> float:
     """The sample variance (ddof=1) of x (at least 2 values); exactly 0 when all values are equal, where
     np.var can give ~1e-34 (the float64 mean of [0.1] * 3 is not 0.1) and a test would call noise significant."""
-    return 0.0 if np.all(x == x[0]) else float(np.var(x, ddof=1))
+    return 0.0 if np.isfinite(x[0]) and np.all(x == x[0]) else float(np.var(x, ddof=1))
 
 
 def summarize(values: Sequence[float]) -> Summary:
@@ -227,7 +228,7 @@ def _smallest_root(excess: Callable[[float], float]) -> float:
 
 
 class Paired(NamedTuple):
-    """The paired t-test of mean(a_i - b_i) over n matched pairs (runs of one seed): t, df = n - 1, two-sided
+    """The paired t-test of mean(a_i - b_i) over n matched pairs (runs of one repeat): t, df = n - 1, two-sided
     p, and the minimum detectable mean difference at 80% power, alpha 0.05, taking the differences' spread as
     the true one. t, df, p are nan exactly when `warnings` says they are undefined."""
     n: int
@@ -242,9 +243,9 @@ def paired_ttest(a: Sequence[float], b: Sequence[float], alpha: float = 0.05, po
                  grid: int = 128) -> Paired:
     """The paired t-test of a against b, a[i] and b[i] from one repeat (seed).
 
-    Runs of one seed start from the same parameters and see the same batches, so their results are
-    correlated: testing the per-seed differences removes the seed-to-seed spread that Welch's test counts
-    as noise, and can see differences far below it. The MDE is the mean difference the test finds with
+    Runs of one seed whose set-ups differ in numerics only start from the same parameters and see the same
+    batches, so their results are correlated: testing the per-seed differences removes the seed-to-seed
+    spread that Welch's test counts as noise, and can see differences far below it. The MDE is the mean difference the test finds with
     probability `power`, the differences' std (ddof=1) taken as the true one (quadrature as `welch_power`).
     """
     x, y = _as_values(a, "a"), _as_values(b, "b")

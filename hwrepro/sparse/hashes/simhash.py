@@ -34,7 +34,8 @@ NATIVE_BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo flags of CP
 
 def resolve_dtype(dtype: str) -> str:
     """dtype, with "auto" made "bf16" where the default backend multiplies bf16 natively (an accelerator, or a
-    CPU listing one of NATIVE_BF16_CPU_FLAGS), else "fp32"."""
+    CPU listing one of NATIVE_BF16_CPU_FLAGS, whatever numerics.cpu_max_isa caps), else "fp32". The planes
+    keep the dtype they were drawn in: a run resumed on another CPU keeps its own (checkpoints.restore)."""
     if dtype != "auto":
         return dtype
     if jax.default_backend() != "cpu":

@@ -151,7 +151,8 @@ def final_table(sweep: Sweep, metric: str, reference: str | None) -> list[Config
         if reference and c != reference and values[c]:
             comparison = stats.compare(values[c], values[reference])
             common = [k for k in by_repeat[c] if k in by_repeat[reference]]
-            paired = stats.paired_ttest([by_repeat[c][k] for k in common], [by_repeat[reference][k] for k in common])
+            paired = stats.paired_ttest([by_repeat[c][k] for k in common],
+                                        [by_repeat[reference][k] for k in common]) if common else None
         rows.append(ConfigRow(c, stats.summarize(values[c]), comparison, paired,
                               float(np.mean(walls)) if walls else math.nan, counts))
     return rows

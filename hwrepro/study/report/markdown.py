@@ -91,7 +91,7 @@ def _final_section(a: Analysis, plots: dict[str, str]) -> list[str]:
         s, cmp, pair = row.summary, row.comparison, row.paired
         warnings = dict.fromkeys((cmp.warnings if cmp else ()) + (pair.warnings if pair else ()))
         flags = " ".join(f"[{notes.setdefault(w, len(notes) + 1)}]" for w in warnings)
-        diff = (f"{s.mean - cmp.b.mean:+.4g}" if cmp is not None else
+        diff = (_fmt(s.mean - cmp.b.mean, "+.4g") if cmp is not None else
                 "(reference)" if row.configuration == a.reference else "–")
         table.append([f"`{row.configuration}`", s.n, _fmt(s.mean), _fmt(s.std, ".3g"), _fmt(s.min), _fmt(s.max),
                       diff, _fmt(cmp.mde if cmp else None, ".3g"), _fmt(cmp.welch.p if cmp else None, ".3g"),
@@ -109,8 +109,8 @@ def _final_section(a: Analysis, plots: dict[str, str]) -> list[str]:
             "MDE is the minimum detectable effect: the smallest |Δ| this comparison finds with 80% power at "
             "alpha 0.05, for its seed counts and the seeds' spreads (Welch's test, normal errors; 0 when no "
             "seed varies). Paired: the t-test of the per-seed differences from the reference's run of the same "
-            "seed (same initial parameters, same batches), and its MDE: it removes the seed-to-seed spread, so "
-            "it sees smaller effects. With a few seeds a t-test has little power: a large p says the set-ups were "
+            "seed (for set-ups that differ in numerics: same initial parameters, same batches), and its MDE: it "
+            "removes the seed-to-seed spread, so it sees smaller effects. With a few seeds a t-test has little power: a large p says the set-ups were "
             "not told apart to within about the MDE (itself estimated from a few seeds), not that they are "
             "equal.", *_multiplicity(a), ""]
     if "final" in plots:
