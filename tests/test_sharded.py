@@ -459,7 +459,7 @@ def test_sigterm_to_a_two_process_run_checkpoints_and_the_same_command_resumes(t
     from conftest import launch, launch_process
 
     workdir = tmp_path / "run"
-    args = (f"--config={_tiny_config_file(tmp_path, 20)}", f"--workdir={workdir}", *TWO_PROCESSES,
+    args = (f"--config={_tiny_config_file(tmp_path, 6)}", f"--workdir={workdir}", *TWO_PROCESSES,
             "--config.train.checkpoint_every=20")
     proc = launch_process(*args)
     try:

@@ -516,12 +516,14 @@ def _child(marker: Path, seconds: float) -> subprocess.Popen:
 
 
 @pytest.mark.parametrize("forwarded", [[], ["SIGTERM"]])
-def test_a_failed_process_stops_the_others_unless_a_signal_is_already_stopping_them(tmp_path, forwarded):
+def test_a_failed_process_stops_the_others_unless_a_signal_is_already_stopping_them(tmp_path, monkeypatch,
+                                                                                    forwarded):
     """After one process fails, the others get GRACE_SECONDS to fail by themselves, then SIGTERM; when the
     user's signal was forwarded to all of them, they are checkpointing to stop and get no second one."""
     from hwrepro.harness import process
 
-    children = [_child(tmp_path / "fast", 0.1), _child(tmp_path / "slow", process.GRACE_SECONDS + 2)]
+    monkeypatch.setattr(process, "GRACE_SECONDS", 0.5)
+    children = [_child(tmp_path / "fast", 0.1), _child(tmp_path / "slow", 2.0)]
     codes, first, stopped = process._wait_all(children, forwarded)
     assert codes == [1, 1] and first == 0
     assert stopped == (set() if forwarded else {1}) and (tmp_path / "slow").exists() != bool(forwarded)
