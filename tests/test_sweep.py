@@ -426,6 +426,20 @@ def test_hessian_means_over_seeds_and_negative_curvature_sentence(hand):
         assert (hand["workdir"] / png).read_bytes()[:8] == PNG_MAGIC
 
 
+def test_repeats_whose_fields_share_a_last_name_stay_apart(tmp_path):
+    """group_over (seed, data.seed): a point that sets seed=0 and one that sets data.seed=0 are two repeats,
+    where both were labelled seed=0 and one of them dropped from n."""
+    points = [_fake_run(tmp_path, f"cfg=a,{f}=0", "a", 0, v, f"sha-{f}")
+              for f, v in (("seed", 1.0), ("data.seed", 2.0))]
+    points[1]["overrides"] = {"cfg": "a", "data.seed": 0}
+    records.write_json_atomic(tmp_path / "sweep.json", {
+        "experiment": "autoencoder", "name": "two-seeds", "base_config": {}, "group_over": ["seed", "data.seed"],
+        "report": {"metric": "test_loss"}, "points": points, "shard": None})
+    data = report.load(tmp_path)
+    assert [r.repeat for r in data.runs] == ["seed=0", "data.seed=0"]
+    assert report.values_by_configuration(data, "test_loss") == {"cfg=a": [1.0, 2.0]}
+
+
 def test_curvature_within_rounding_of_zero_is_not_called_negative():
     from hwrepro.study.report import markdown
 

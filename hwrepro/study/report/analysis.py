@@ -57,13 +57,15 @@ def load(workdir: Path) -> Sweep:
         raise ReportError(f"{workdir}: no readable sweep.json; is this a sweep folder (launch.py with a sweep "
                           "config)?")
     repeats = record.get("group_over", ["seed"])
+    last = [f.rsplit(".", 1)[-1] for f in repeats]
+    short = {f: name if last.count(name) == 1 else f for f, name in zip(repeats, last)}  # seed, data.seed: whole
     runs = []
     for p in record["points"]:
         run_dir = workdir / p["name"]
         info = records.read_json_or_none(run_dir / "run.json")
         status = info.get("status", NOT_RUN) if isinstance(info, dict) else NOT_RUN
         final = records.read_json_or_none(run_dir / "final.json") if status == "done" else None
-        repeat = ",".join(f"{f.rsplit('.', 1)[-1]}={p['overrides'][f]}" for f in repeats if f in p["overrides"])
+        repeat = ",".join(f"{short[f]}={p['overrides'][f]}" for f in repeats if f in p["overrides"])
         runs.append(RunData(p["name"], p.get("configuration", p["name"]), p["overrides"], repeat or "-",
                             status, final, info if isinstance(info, dict) else None, run_dir))
     configurations = list(dict.fromkeys(r.configuration for r in runs))
