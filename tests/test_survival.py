@@ -285,6 +285,20 @@ def test_a_signal_during_the_last_steps_evaluation_checkpoints_then_interrupts_a
         assert float(run()["w"]) == 10  # resumed at the end: no step again
 
 
+def test_the_same_signal_twice_at_once_is_one_request_and_a_later_one_stops_at_once(monkeypatch):
+    monkeypatch.setattr(interrupts, "DUPLICATE_SECONDS", 0.3)
+    reached = []
+    with interrupts.catch_signals(), pytest.raises(interrupts.Interrupted, match="SIGTERM"):
+        with interrupts.at_step_boundary():
+            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGTERM)  # a duplicate: still deferred to the step boundary
+            reached.append(interrupts.pending())
+            time.sleep(0.4)
+            os.kill(os.getpid(), signal.SIGTERM)  # a second request: raised here, at once
+            reached.append("after")
+    assert reached == ["SIGTERM"]
+
+
 def test_a_signal_the_loop_never_acted_on_raises_when_it_ends():
     with interrupts.catch_signals(), pytest.raises(interrupts.Interrupted, match="SIGHUP"):
         with interrupts.at_step_boundary():

@@ -3,7 +3,8 @@
 In the training process, `catch_signals()` turns each of them into `Interrupted`. Inside the training loop the
 signal is deferred to the end of the current step (`at_step_boundary`), where the loop saves a checkpoint
 and raises; anywhere else (data loading, final evaluation) it raises at once. A second signal while one is
-pending raises at once too, so a run can always be stopped. The run record then says `interrupted: ...`,
+pending raises at once too, so a run can always be stopped; the same signal again within DUPLICATE_SECONDS is
+one event delivered twice (a launcher's death brought two SIGTERMs 40 ms apart), not a second request. The run record then says `interrupted: ...`,
 and rerunning the same command (with the same --workdir) resumes from the last checkpoint.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import time
 from typing import Iterator
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -30,7 +32,10 @@ class Interrupted(Exception):
         return f"interrupted: {self.name}{self.detail}"
 
 
+DUPLICATE_SECONDS = 0.5
+
 _pending: list[str] = []
+_pending_at = [0.0]
 _deferring = [False]
 
 
@@ -38,6 +43,9 @@ def _handler(signum: int, frame) -> None:
     name = signal.Signals(signum).name
     if _deferring[0] and not _pending:
         _pending.append(name)
+        _pending_at[0] = time.monotonic()
+        return
+    if _pending and name == _pending[0] and time.monotonic() - _pending_at[0] < DUPLICATE_SECONDS:
         return
     raise Interrupted(name)
 
