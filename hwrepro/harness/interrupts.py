@@ -4,8 +4,9 @@ In the training process, `catch_signals()` turns each of them into `Interrupted`
 signal is deferred to the end of the current step (`at_step_boundary`), where the loop saves a checkpoint
 and raises; anywhere else (data loading, final evaluation) it raises at once. A second signal while one is
 pending raises at once too, so a run can always be stopped; the same signal again within DUPLICATE_SECONDS is
-one event delivered twice (a launcher's death brought two SIGTERMs 40 ms apart), not a second request. The run record then says `interrupted: ...`,
-and rerunning the same command (with the same --workdir) resumes from the last checkpoint.
+one event delivered twice (a launcher's death brought two SIGTERMs 40 ms apart), not a second request. The run
+record then says `interrupted: ...`, and rerunning the same command (with the same --workdir) resumes from the
+last checkpoint.
 """
 
 from __future__ import annotations

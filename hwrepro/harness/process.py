@@ -30,7 +30,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import ml_collections
 
@@ -155,7 +155,8 @@ def _gpus_of(config: ml_collections.ConfigDict, index: int) -> dict[str, str]:
     return {"CUDA_VISIBLE_DEVICES": parallel.own_gpus(index, per)}
 
 
-def _wait_all(children: list[subprocess.Popen], forwarded: list[str] = ()) -> tuple[list[int], int | None, set[int]]:
+def _wait_all(children: list[subprocess.Popen],
+              forwarded: Sequence[str] = ()) -> tuple[list[int], int | None, set[int]]:
     """Waits for every child. Once one ends with a non-zero code, the others have GRACE_SECONDS to end by
     themselves (they often fail together, e.g. on a nan loss, and each records its own reason), then get
     SIGTERM, and SIGKILL after STOP_SECONDS; not after a signal was `forwarded` to them all: they are
@@ -166,16 +167,16 @@ def _wait_all(children: list[subprocess.Popen], forwarded: list[str] = ()) -> tu
         if first is None:
             first = next((i for i, c in enumerate(children) if c.returncode not in (None, 0)), None)
             failed_at = time.monotonic()
-        elif forwarded:
-            pass
-        elif not stopped and time.monotonic() - failed_at > GRACE_SECONDS:
-            stopped = {i for i, child in enumerate(children) if child.poll() is None}
-            for i in stopped:
-                children[i].terminate()
-        elif stopped and time.monotonic() - failed_at > GRACE_SECONDS + STOP_SECONDS:
-            for child in children:
-                if child.poll() is None:
-                    child.kill()
+        elif not forwarded:  # (a forwarded signal is stopping them already)
+            since = time.monotonic() - failed_at
+            if not stopped and since > GRACE_SECONDS:
+                stopped = {i for i, child in enumerate(children) if child.poll() is None}
+                for i in stopped:
+                    children[i].terminate()
+            elif stopped and since > GRACE_SECONDS + STOP_SECONDS:
+                for child in children:
+                    if child.poll() is None:
+                        child.kill()
         time.sleep(0.05)
     codes = [child.returncode for child in children]
     if first is None:

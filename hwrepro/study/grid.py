@@ -160,7 +160,7 @@ def _format_value(value: Any) -> str:
     return str(value)
 
 
-def _aliases(fields: Iterable[str], explicit: Mapping[str, str]) -> dict[str, str]:
+def short_names(fields: Iterable[str], explicit: Mapping[str, str]) -> dict[str, str]:
     """{field: alias}: explicit ones first, else the last component, else (on a clash) the whole field."""
     fields = list(dict.fromkeys(fields))
     last = [f.rsplit(".", 1)[-1] for f in fields]
@@ -182,7 +182,7 @@ def point_aliases(config: ml_collections.ConfigDict, aliases: Mapping[str, str] 
     if not _is_mapping(sweep):
         return {}
     fields = [f for p in _explicit_points(sweep) for f in p] + [f for f, _ in _axes(sweep)]
-    return _aliases(fields, {**dotted_fields(sweep.get("aliases") or {}), **(aliases or {})})
+    return short_names(fields, {**dotted_fields(sweep.get("aliases") or {}), **(aliases or {})})
 
 
 def point_name(overrides: Mapping[str, Any], aliases: Mapping[str, str]) -> str:

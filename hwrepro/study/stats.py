@@ -245,8 +245,8 @@ def paired_ttest(a: Sequence[float], b: Sequence[float], alpha: float = 0.05, po
 
     Runs of one seed whose set-ups differ in numerics only start from the same parameters and see the same
     batches, so their results are correlated: testing the per-seed differences removes the seed-to-seed
-    spread that Welch's test counts as noise, and can see differences far below it. The MDE is the mean difference the test finds with
-    probability `power`, the differences' std (ddof=1) taken as the true one (quadrature as `welch_power`).
+    spread that Welch's test counts as noise, and can see differences far below it. The MDE is the mean
+    difference the test finds with probability `power`, the differences' std (ddof=1) taken as the true one.
     """
     x, y = _as_values(a, "a"), _as_values(b, "b")
     if x.size != y.size:
@@ -270,10 +270,8 @@ def paired_ttest(a: Sequence[float], b: Sequence[float], alpha: float = 0.05, po
 
     se = math.sqrt(var / n)
     t, df = mean / se, n - 1
-    # The power as in welch_power: the mean over the sample variance's quantiles of P(|mean| > t_crit * se).
-    u = (np.arange(grid) + 0.5) / grid
-    cut = scipy_stats.t.ppf(1.0 - alpha / 2.0, df) * se * np.sqrt(scipy_stats.chi2.ppf(u, df) / df)
-    mde = _smallest_root(lambda k: _power(k * se, cut, se) - power) * se
+    # A one-sample t-test is Welch's against a group without spread: its df n - 1, its standard error se.
+    mde = minimum_detectable_effect(n, math.sqrt(var), 2, 0.0, alpha, power, grid)
     return Paired(n, float(t), float(df), float(2.0 * scipy_stats.t.sf(abs(t), df)), mde, tuple(warnings))
 
 

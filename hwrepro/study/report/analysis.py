@@ -11,7 +11,7 @@ from typing import Any, NamedTuple, Sequence
 import numpy as np
 
 from hwrepro.harness import records
-from hwrepro.study import stats
+from hwrepro.study import grid, stats
 
 REPORT_FILE = "report.md"
 PLOTS = {"curves": "curves.png", "final": "final_metric.png", "divergence": "divergence.png",
@@ -57,8 +57,7 @@ def load(workdir: Path) -> Sweep:
         raise ReportError(f"{workdir}: no readable sweep.json; is this a sweep folder (launch.py with a sweep "
                           "config)?")
     repeats = record.get("group_over", ["seed"])
-    last = [f.rsplit(".", 1)[-1] for f in repeats]
-    short = {f: name if last.count(name) == 1 else f for f, name in zip(repeats, last)}  # seed, data.seed: whole
+    short = grid.short_names(repeats, {})  # seed; data.seed and seed: whole fields
     runs = []
     for p in record["points"]:
         run_dir = workdir / p["name"]

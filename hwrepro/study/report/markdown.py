@@ -100,7 +100,8 @@ def _final_section(a: Analysis, plots: dict[str, str]) -> list[str]:
                       flags, _fmt(row.wall_seconds, ".1f"),
                       ", ".join(f"{v} {k}" for k, v in row.statuses.items() if k != "done")])
     out += markdown_table(["configuration", "n", "mean", "std", "min", "max", "Δ mean vs ref", "MDE", "Welch p",
-                           "Hedges g", "paired p (pairs)", "paired MDE", "warnings", "wall s", "not done"], table) + [""]
+                           "Hedges g", "paired p (pairs)", "paired MDE", "warnings", "wall s", "not done"],
+                          table) + [""]
     if notes:
         out += ["Warnings (group a = the configuration, group b = the reference):", ""]
         out += [f"{i}. {w}" for w, i in notes.items()] + [""]
@@ -110,9 +111,9 @@ def _final_section(a: Analysis, plots: dict[str, str]) -> list[str]:
             "alpha 0.05, for its seed counts and the seeds' spreads (Welch's test, normal errors; 0 when no "
             "seed varies). Paired: the t-test of the per-seed differences from the reference's run of the same "
             "seed (for set-ups that differ in numerics: same initial parameters, same batches), and its MDE: it "
-            "removes the seed-to-seed spread, so it sees smaller effects. With a few seeds a t-test has little power: a large p says the set-ups were "
-            "not told apart to within about the MDE (itself estimated from a few seeds), not that they are "
-            "equal.", *_multiplicity(a), ""]
+            "removes the seed-to-seed spread, so it sees smaller effects. With a few seeds a t-test has little "
+            "power: a large p says the set-ups were not told apart to within about the MDE (itself estimated from "
+            "a few seeds), not that they are equal.", *_multiplicity(a), ""]
     if "final" in plots:
         out += [f"![final {a.metric} per configuration]({plots['final']})", ""]
     if "curves" in plots:
