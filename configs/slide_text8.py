@@ -17,7 +17,8 @@ def get_config():
     c.model.hidden = 200              # SLIDE's word2vec hidden layer
     c.model.num_candidates = 4096
     c.data.max_features = 1           # the centre word
-    c.data.max_labels = 10            # 2 * window context words
+    c.data.max_labels = c.data.get_ref("window") * 2  # the context words: follows --config.data.window
     c.train.num_steps = 5000          # an epoch: the words subsampling keeps / 128 batches; raise for full runs
     c.train.eval_every = 1000
+    c.eval.final_points = c.eval.subset  # final P@k on the subset's held-out centres (0: all of them)
     return c

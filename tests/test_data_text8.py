@@ -1,12 +1,13 @@
 """Text8 / word2vec data: vocabulary, subsampling, skip-gram windows, reader errors, synthetic corpus."""
 
 import gzip
+import re
 
 import numpy as np
 import pytest
 
 from hwrepro.data import text8 as t8
-from hwrepro.errors import DataError
+from hwrepro.errors import ConfigError, DataError
 
 TEXT = "the cat sat on\nthe mat  the end\n"
 # Counts: the 3, every other word 1. Vocabulary order: decreasing count, ties alphabetical.
@@ -174,7 +175,7 @@ def _text_config(path, min_count=1, batch_size=2, window=1):
     c = get_config()
     c.data.source, c.data.dir, c.data.min_count, c.data.window = "text", str(path), min_count, window
     c.train.batch_size = batch_size
-    c.eval.subset = 8
+    c.eval.subset = c.eval.final_points = 8
     return c
 
 
@@ -224,6 +225,32 @@ def test_held_out_tail_is_the_test_set_and_each_epoch_draws_anew(tmp_path):
         got = next(stream)
         assert all(np.array_equal(got[k], want[k]) for k in want)
     assert not all(np.array_equal(epochs[0][0][k], epochs[1][0][k]) for k in epochs[0][0])
+
+
+def test_final_points_sets_the_held_out_pairs_of_the_test_and_the_example_width_follows_the_window(tmp_path):
+    """eval.final_points and data.window reach a text8 run (they were ignored): the test set is that many
+    held-out centres (0: all, the subset's own draw when equal), and data.max_labels follows the window; a
+    width that contradicts the window is refused by field."""
+    from hwrepro.experiments import slide
+
+    path = tmp_path / "book.txt"
+    path.write_text(" ".join(["alpha beta gamma delta"] * 100))
+    c = _text_config(path, window=2)
+    assert c.data.max_labels == 4 and c.eval.final_points == 8
+    slide.validate(c)
+    data = t8.label_data(c)
+    assert data.test is data.subset and data.num_test == 8 and data.test.batch["labels"].shape == (8, 4)
+    c.eval.final_points = 3
+    data = t8.label_data(c)
+    assert data.num_test == 3 and len(data.test.batch["feat_ids"]) == 3 and len(data.subset.batch["feat_ids"]) == 8
+    c.eval.final_points = 0                            # every held-out centre: 400 words, the last 20, window 2
+    assert t8.label_data(c).num_test == 400 - 380 - 2
+    for field, value, message in (("max_labels", 10, "data.max_labels=10: a text8 example has 2 * data.window = 4"),
+                                  ("max_features", 2, "data.max_features=2: a text8 example has 1 feature")):
+        bad = _text_config(path, window=2)
+        bad.data[field] = value
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            slide.validate(bad)
 
 
 @pytest.mark.parametrize("data,problem", [

@@ -127,7 +127,7 @@ def test_text8_word2vec_runs_on_a_small_synthetic_corpus(tmp_path):
     c.train.num_steps = 30
     c.train.log_every = 10
     c.train.eval_every = 0
-    c.eval.subset = 128
+    c.eval.subset = c.eval.final_points = 128
     final = runner.run_here(c, tmp_path / "w2v", quiet=True)
     assert np.isfinite(final["test_P@1"]) and final["steps"] == 30
     assert "synthetic" in json.loads((tmp_path / "w2v" / "run.json").read_text())["data_source"]

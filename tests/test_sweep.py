@@ -18,6 +18,7 @@ from conftest import launch  # python launch.py ARGS, as a user runs it
 from hwrepro.harness import numerics
 from hwrepro.harness import records
 from hwrepro.study import report, stats
+from hwrepro.study.report import analysis
 from hwrepro.harness import runner
 from hwrepro.study import sweep
 from hwrepro.study import grid
@@ -458,6 +459,28 @@ def test_a_sign_of_zero_is_a_difference_in_the_stored_bits(tmp_path):
         "report": {"metric": "test_loss", "reference": "cfg=ref"}, "points": runs})
     (div,) = report.analyse(report.load(tmp_path)).divergences
     assert div.first_param_step == 10 and div.rel_distance[0] == 0.0
+
+
+def test_a_resumed_runs_losses_are_compared_with_the_lines_over_the_same_steps(tmp_path):
+    """A run stopped by a signal at step 15 and resumed logs a line at 15 and one at 20 over steps 16-20; the
+    reference's line at 20 is the mean over 11-20. Comparing those two said "loss first differs at 20" of
+    bit-identical runs. Evaluations are of the state at their step, comparable whatever the lines before."""
+    ref_rows = [{"step": 10, "loss": 1.0}, {"step": 20, "loss": 0.8, "eval_x": 0.5}, {"step": 30, "loss": 0.6}]
+    resumed = [{"step": 10, "loss": 1.0}, {"step": 15, "loss": 0.85}, {"step": 20, "loss": 0.75, "eval_x": 0.5},
+               {"step": 30, "loss": 0.6}]
+    drifted = [dict(r) for r in resumed[:3]] + [{"step": 30, "loss": 0.61}]
+    points = [_fake_run(tmp_path, f"cfg={c},seed=0", c, 0, 1.0, f"sha-{c}", rows)
+              for c, rows in (("ref", ref_rows), ("resumed", resumed), ("drifted", drifted))]
+    records.write_json_atomic(tmp_path / "sweep.json", {
+        "experiment": "autoencoder", "name": "resumed", "base_config": {}, "group_over": ["seed"],
+        "report": {"metric": "test_loss", "reference": "cfg=ref", "curve": "loss"}, "points": points, "shard": None})
+    divs = {d.configuration: d for d in report.analyse(report.load(tmp_path)).divergences}
+    assert list(divs["cfg=resumed"].loss_steps) == [10, 30] and divs["cfg=resumed"].first_loss_step is None
+    assert divs["cfg=drifted"].first_loss_step == 30
+    np.testing.assert_allclose(divs["cfg=drifted"].loss_diff, [0.0, 0.01])
+    assert analysis.logged_values(resumed, "eval_x") == analysis.logged_values(ref_rows, "eval_x") == {
+        (20, 20): 0.5}
+    assert analysis.logged_values(resumed, "loss")[(16, 20)] == 0.75
 
 
 def test_divergence_plot_of_runs_without_snapshots_says_so_and_keeps_its_legend(tmp_path):

@@ -302,7 +302,8 @@ class _StaticEval:
 def label_data(config: Any) -> LabelData:
     """word2vec skip-gram on a corpus (load_corpus: text8, any text file, or the synthetic corpus) as a
     "labels" data set: the input is the centre word, the labels its context words. The last 5% of the corpus
-    is held out, never trained on: a fixed sample of its pairs is both the evaluation subset and the test set.
+    is held out, never trained on: fixed samples of its pairs are the evaluation subset (eval.subset centres)
+    and the test set (eval.final_points; 0: every held-out centre).
     A corpus too short for one training batch and a held-out window is a DataError."""
     d = config.data
     corpus = load_corpus(d)
@@ -313,11 +314,18 @@ def label_data(config: Any) -> LabelData:
                         f"{config.train.batch_size}) and the last 5% exceed the window (data.window={d.window})")
     train_corpus = dataclasses.replace(corpus, tokens=corpus.tokens[:cut])
     held_out = np.arange(cut, len(corpus.tokens) - d.window)
-    rng = np.random.default_rng(d.seed)
-    subset = np.sort(rng.choice(held_out, size=min(config.eval.subset, len(held_out)), replace=False))
-    spans = np.full(len(subset), d.window)
-    held = _StaticEval(skipgram_batch(corpus.tokens, subset, spans, d.window, corpus.vocab_size),
-                       corpus.vocab_size, corpus.vocab_size)
+
+    def pairs(n: int) -> _StaticEval:
+        """The pairs of n held-out centres (0, or n at least all of them: every one), a fixed draw of data.seed:
+        the same n gives the same pairs, so the final test on eval.subset points is the evaluation subset."""
+        centres = held_out
+        if 0 < n < len(held_out):
+            centres = np.sort(np.random.default_rng(d.seed).choice(held_out, size=n, replace=False))
+        batch = skipgram_batch(corpus.tokens, centres, np.full(len(centres), d.window), d.window, corpus.vocab_size)
+        return _StaticEval(batch, corpus.vocab_size, corpus.vocab_size)
+
+    held = pairs(config.eval.subset)
+    test = held if config.eval.final_points == config.eval.subset else pairs(config.eval.final_points)
 
     def endless():
         epoch = 0
@@ -336,6 +344,6 @@ def label_data(config: Any) -> LabelData:
     survivors = float(keep_probabilities(corpus.counts, d.subsample)[train_corpus.tokens].sum())
     return LabelData(source=corpus.source, num_features=corpus.vocab_size, num_labels=corpus.vocab_size,
                      num_train=cut, steps_per_epoch=max(int(survivors) // config.train.batch_size, 1), subset=held,
-                     test=held, num_test=len(subset),
+                     test=test, num_test=len(test.batch["labels"]),
                      details={"tokens": len(corpus.tokens), "vocab_size": corpus.vocab_size, "train_tokens": cut},
                      train_batches=endless, label_slots=2 * d.window)

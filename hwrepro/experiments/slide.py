@@ -91,8 +91,14 @@ def validate(config: ml_collections.ConfigDict) -> None:
         if m.num_candidates % config.parallel.model:
             raise ConfigError(f"model.num_candidates={m.num_candidates} is not a multiple of "
                               f"parallel.model={config.parallel.model}")
-    if d.dataset == "text8" and m.candidate_mode == "per_example" and m.num_candidates < 2 * d.window:
-        raise ConfigError(f"model.num_candidates={m.num_candidates} is below the {2 * d.window} context words")
+    if d.dataset == "text8":  # an example is one centre word and its 2 * window context words
+        if d.max_features != 1:
+            raise ConfigError(f"data.max_features={d.max_features}: a text8 example has 1 feature, its centre word")
+        if d.max_labels != 2 * d.window:
+            raise ConfigError(f"data.max_labels={d.max_labels}: a text8 example has 2 * data.window = "
+                              f"{2 * d.window} context words (set data.window)")
+        if m.candidate_mode == "per_example" and m.num_candidates < 2 * d.window:
+            raise ConfigError(f"model.num_candidates={m.num_candidates} is below the {2 * d.window} context words")
 
 
 def _check_hash_family(config: ml_collections.ConfigDict, group: str, dim: int) -> None:
@@ -377,7 +383,7 @@ def run(config: ml_collections.ConfigDict, rec: Run):
             data.num_labels, progress).items()})
         final[prefix + "seconds"] = time.time() - t_scoring
     final["final_eval_seconds"] = time.time() - t
-    where = f" on {data.num_test:,} test points"  # what was scored (text8: its held-out pairs, whatever final_points)
+    where = f" on {data.num_test:,} test points"  # what was scored (text8: held-out pairs)
     rec.print(f"{m.method}: {final['seconds_per_epoch']:.1f} s/epoch (rebuilds {timing['rebuild_seconds']:.1f} s), "
               + " ".join(f"P@{k} {final[f'test_P@{k}']:.4f}" for k in KS) + where)
     return final, ops.model_params(state.params)

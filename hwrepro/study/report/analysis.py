@@ -188,7 +188,8 @@ class Divergence(NamedTuple):
     """How run `name` drifts from the reference run of the same seed.
 
     steps/rel_distance: the checkpoints both kept and ||theta - theta_ref|| / ||theta_ref|| there;
-    loss_steps/loss_diff: the logged steps both have and (curve metric - reference's);
+    loss_steps/loss_diff: the last steps of the logged lines both have over the same steps (`logged_values`)
+        and (curve metric - reference's) there;
     first_param_step / first_loss_step: the first of those where anything differs (None: never);
     note: why a part could not be computed ('' when all was).
     """
@@ -208,6 +209,21 @@ def curve(rows: Sequence[dict[str, Any]], key: str) -> tuple[np.ndarray, np.ndar
     """(steps, values) of the metrics rows that have `key`."""
     kept = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
     return (np.array([s for s, _ in kept], dtype=np.int64), np.array([v for _, v in kept], dtype=np.float64))
+
+
+def logged_values(rows: Sequence[dict[str, Any]], key: str) -> dict[tuple[int, int], float]:
+    """{(first step, last step) of what a metrics line measured: its `key`} over the lines that have it.
+
+    A training metric's line holds its mean over the steps since the line before (harness.loop.fit), so two
+    runs' values are comparable only over the same steps: a run stopped by a signal at step 40 and resumed
+    writes a line at 40 and then one at 50 over steps 41-50, where an uninterrupted run's line at 50 covers
+    31-50. An evaluation (`eval_*`) is of the state at its step alone."""
+    out, before = {}, 0
+    for r in rows:
+        if isinstance(r.get(key), (int, float)):
+            out[(r["step"] if key.startswith("eval_") else before + 1, r["step"])] = r[key]
+        before = r["step"]
+    return out
 
 
 def _bits(x: np.ndarray) -> np.ndarray:
@@ -234,10 +250,10 @@ def divergence(run: RunData, ref: RunData, curve_key: str) -> Divergence:
         first_param = int(steps[differ[0]]) if differ.size else None
         pa, pb = pa.astype(np.float64), pb.astype(np.float64)
         rel = np.linalg.norm(pa - pb, axis=1) / np.maximum(np.linalg.norm(pb, axis=1), np.finfo(float).tiny)
-    sa, va = curve(records.read_metrics(run.dir), curve_key)
-    sb, vb = curve(records.read_metrics(ref.dir), curve_key)
-    loss_steps, ia, ib = np.intersect1d(sa, sb, return_indices=True)
-    loss_diff = va[ia] - vb[ib]
+    va, vb = (logged_values(records.read_metrics(r.dir), curve_key) for r in (run, ref))
+    common = sorted(va.keys() & vb.keys(), key=lambda w: w[1])
+    loss_steps = np.array([step for _, step in common], dtype=np.int64)
+    loss_diff = np.array([va[w] - vb[w] for w in common], dtype=np.float64)
     differ = np.flatnonzero(loss_diff != 0)
     if not loss_steps.size:
         notes.append(f"no common logged steps with {curve_key!r}")
