@@ -317,25 +317,26 @@ def _sparse_step(
 
         loss, (g_w, g_b, g_h) = jax.value_and_grad(out_loss, argnums=(0, 1, 2))(w_rows, b_rows, h)
         active = jnp.sum(mask)
+        used = jnp.int32(cand.shape[0])  # every slot: the M candidates (padding ids among them are dropped)
     else:
         retrieved = None if retrieved is None else retrieved.reshape(labels.shape[0], -1)
         sets = per_example_candidates(labels, retrieved, key, num_candidates, num_labels, sampler)
         loss, rows, used, (g_w, g_b, g_h) = _per_example_output(p_out, h, labels, sets, dtype)
-        w_rows = b_rows = None  # gathered block by block in the update
         active = (jnp.sum(sets.own < num_labels) + jnp.sum(sets.fill_mask)) / labels.shape[0]
     g_e, g_hb = hidden_vjp(g_h)
 
-    # E's Adam runs block by block (sparse_adam.update_blocks) over the blocks that hold the batch's distinct
-    # features (feat_rows lists them first; the slots are sized for B * max_features ids: 9,178 distinct
-    # features in slide_bench's 12,288): the same bits, and the whole step 0.86-0.91x as long as with one
-    # update over every slot (docs/benchmarks.md, "Why the step misses its arithmetic floor").
+    # Every row Adam runs block by block (sparse_adam.update_blocks), which keeps each block's gathered rows
+    # and updates in cache between the gathers, the arithmetic and the scatters. E's over the blocks that hold
+    # the batch's distinct features (feat_rows lists them first; the slots are sized for B * max_features ids:
+    # 9,178 distinct features in slide_bench's 12,288): the whole step 0.86-0.91x as long as with one update
+    # over every slot. W's and b's over all M shared candidates (re-gathering W's rows rather than reusing the
+    # forward's): 0.94x. The same bits either way (docs/benchmarks.md, "Why the step misses its arithmetic
+    # floor").
     distinct = jnp.sum(feat_rows < num_features, dtype=jnp.int32)
     tables, opt_rows = row_opt.update(
         {"embedding": g_e, "weight": g_w, "out_bias": g_b},
         {"embedding": feat_rows, "weight": rows, "out_bias": rows},
-        state.opt_state.rows, row_tables(state.params),
-        {"embedding": None, "weight": w_rows, "out_bias": b_rows},  # E's blocks gather their own rows
-        {"embedding": distinct, "weight": None if shared else used, "out_bias": None if shared else used})
+        state.opt_state.rows, row_tables(state.params), used={"embedding": distinct, "weight": used, "out_bias": used})
     hb_updates, opt_hb = hidden_opt.update(g_hb, state.opt_state.hidden_bias)
     params = {"input": {"embedding": tables["embedding"], "bias": optax.apply_updates(p_in["bias"], hb_updates)},
               "output": {"weight": tables["weight"], "bias": tables["out_bias"]}}
