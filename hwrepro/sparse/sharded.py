@@ -302,12 +302,12 @@ def _hidden(table, bias, ids, vals, dtype):
 
 
 def _sparse_hidden(p_in, batch, dtype):
-    """`_hidden` on the local batch's unique feature rows of this shard: h, its backward, the unique local
-    rows int32 [B' F] (padded with E's local row count) and their gathered values [B' F, H]."""
+    """`_hidden` on the local batch's unique feature rows of this shard: h, its backward and the unique local
+    rows int32 [B' F] (padded with E's local row count)."""
     feat_ids, feat_vals = _local_features(batch, p_in["embedding"].shape[0])
     feat_rows, inv = unique_rows(feat_ids, p_in["embedding"].shape[0])
     e_rows = training._rows_at(p_in["embedding"], feat_rows)
-    return (*_hidden(e_rows, p_in["bias"], inv, feat_vals, dtype), feat_rows, e_rows)
+    return (*_hidden(e_rows, p_in["bias"], inv, feat_vals, dtype), feat_rows)
 
 
 def _dense_hidden(p_in, batch, dtype):
@@ -324,7 +324,7 @@ def _sparse_step(state: SlideState, batch: Batch, key: jax.Array, *, use_lsh, nu
     p_in, p_out = state.params["input"], state.params["output"]
     rows = p_out["weight"].shape[0]
     offset = lax.axis_index(MODEL) * rows
-    h, hidden_vjp, feat_rows, e_rows = _sparse_hidden(p_in, batch, dtype)
+    h, hidden_vjp, feat_rows = _sparse_hidden(p_in, batch, dtype)
 
     all_h = _gather_batch(jax.lax.stop_gradient(h), data) if use_lsh else None
     cand, mask = _select(state, _gather_batch(batch["labels"], data), all_h, key, num_labels=num_labels,
@@ -338,20 +338,22 @@ def _sparse_step(state: SlideState, batch: Batch, key: jax.Array, *, use_lsh, nu
     loss, g_z = sharded_xent(z, targets, mask, batch_size)
     g_w, g_b, g_h = logits_vjp(g_z)
     g_e, g_hb = hidden_vjp(lax.psum(g_h, MODEL))
-    e_now = e_rows
     if data > 1:
         g_w, g_b, g_hb = lax.psum((g_w, g_b, g_hb), DATA)
         # E's shard replicated over data, reduced sparse rows: every replica sums the same gathered rows alike.
         all_rows = lax.all_gather(feat_rows, DATA, tiled=True)
         feat_rows, slot = unique_rows(all_rows, p_in["embedding"].shape[0])
         g_e = jax.ops.segment_sum(lax.all_gather(g_e, DATA, tiled=True), slot, all_rows.size)
-        e_now = None
 
+    # Block by block, as the one-device step (training._sparse_step): E's over the blocks that hold this
+    # shard's distinct features (listed first), W's and b's over all of its candidate slots.
+    distinct = jnp.sum(feat_rows < p_in["embedding"].shape[0], dtype=jnp.int32)
+    slots = jnp.int32(cand.shape[0])
     tables, opt_rows = row_opt.update(
         {"embedding": g_e, "weight": g_w, "out_bias": g_b},
         {"embedding": feat_rows, "weight": cand, "out_bias": cand},
         state.opt_state.rows, row_tables(state.params),
-        {"embedding": e_now, "weight": w_rows, "out_bias": b_rows})
+        used={"embedding": distinct, "weight": slots, "out_bias": slots})
     hb_updates, opt_hb = hidden_opt.update(g_hb, state.opt_state.hidden_bias)
     params = {"input": {"embedding": tables["embedding"], "bias": optax.apply_updates(p_in["bias"], hb_updates)},
               "output": {"weight": tables["weight"], "bias": tables["out_bias"]}}
