@@ -2,8 +2,9 @@
 layer, against sampled and dense full softmax in the same code path (`model.method`).
 
 The loop is the shared `fit`; what is SLIDE's own here: the table-rebuild schedule (timed, since rebuilds are
-part of SLIDE's cost), precision@k on a fixed shuffled test subset during training and at the end on the test split (or
-eval.final_points of it; text8: its held-out pairs), by dense scoring, plus LSH scoring for the lsh method.
+part of SLIDE's cost), precision@k on a fixed shuffled test subset during training and at the end on the test
+split (or eval.final_points of it; text8: eval.final_points held-out centres), by dense scoring, plus LSH
+scoring for the lsh method.
 """
 
 from __future__ import annotations

@@ -171,7 +171,7 @@ def _divergence_section(sweep: Sweep, a: Analysis, plots: dict[str, str]) -> lis
     out += ["Runs of one seed start from the same parameters and see the same batches, so any difference comes "
             "from the numerics. Distance: ||θ(t) − θ_ref(t)|| / ||θ_ref(t)|| at the checkpoints of trajectory.npz "
             f"(parameters stored as float32); `{a.curve_key}` difference at the logged lines that cover the same "
-            "steps in both runs (a resumed run's line at its stop step is not compared). 'first differs' is "
+            "steps in both runs (lines around a resume off the logging steps are not compared). 'first differs' is "
             "the earliest checkpoint (or logged step), over seeds, where anything differs; 'never' means "
             "bit-identical at every one.", ""]
     first = lambda step: "never" if step is None else str(step)
