@@ -85,8 +85,9 @@ def row_adam(learning_rate: float | jax.Array, b1: float = 0.9, b2: float = 0.99
       tables: the parameters (any float dtype, or uint16 holding bfloat16 bits, see `to_storage`; arithmetic
         is float32).
       current_rows: the tables' rows at row_ids (anything finite at padding ids) when the caller gathered them
-        already, as a training step has for its forward pass; saves gathering them again. None, or a pytree
-        like `tables` whose leaves may be None.
+        already (for a forward pass, say); saves gathering them again in an update over every id. None, or a
+        pytree like `tables` whose leaves may be None. hwrepro's training steps pass `used` instead: blocks
+        that gather their own rows took 0.88x as long as reusing the forward's (docs/benchmarks.md).
       used: None, or a pytree like `tables` of int32 [] counts (or None leaves): a table's row_ids hold `used`
         real ids first, then only padding, and it is updated `BLOCK` ids at a time over the blocks that hold
         real ids (`update_blocks`), instead of over every id (its current_rows are not read).
