@@ -1,6 +1,7 @@
 """hwrepro.sparse.lsh: hash families against known collision probabilities and a NumPy reference, bucket tables
 against their definition, queries, and the rebuild schedule against hand-worked steps."""
 
+import functools
 import math
 
 import jax
@@ -171,16 +172,22 @@ def integer_weights(seed: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(-4, 5, (N, DIM)).astype(np.float32)
 
 
-HASH_FNS = {
-    "dwta": lsh.init_hash("dwta", jax.random.key(11), DIM, 2, 6, bin_size=4),  # 16 buckets
-    "simhash": lsh.init_hash("simhash", jax.random.key(12), DIM, 4, 5, density=0.5),  # 16 buckets
-    "simhash_pairs": lsh.init_hash("simhash_pairs", jax.random.key(15), DIM, 4, 5, density=0.5),  # 16 buckets
-}
+HASH_KINDS = ("dwta", "simhash", "simhash_pairs")
 
 
-@pytest.fixture(scope="module", params=sorted(HASH_FNS))
+@functools.cache
+def hash_fn(kind: str):
+    """The table tests' hash functions, 16 buckets each; drawn when first used (at import, each pytest-xdist
+    worker would draw them while collecting, with XLA's optimizations on: ~2.4 s)."""
+    if kind == "dwta":
+        return lsh.init_hash("dwta", jax.random.key(11), DIM, 2, 6, bin_size=4)
+    seed = {"simhash": 12, "simhash_pairs": 15}[kind]
+    return lsh.init_hash(kind, jax.random.key(seed), DIM, 4, 5, density=0.5)
+
+
+@pytest.fixture(scope="module", params=HASH_KINDS)
 def built(request):
-    fn = HASH_FNS[request.param]
+    fn = hash_fn(request.param)
     weights = integer_weights(13)
     return fn, weights, lsh.build_tables(fn, weights, jax.random.key(14))
 
@@ -351,9 +358,9 @@ def test_everything_runs_under_jit_with_functions_and_tables_as_arguments():
 
 def test_bad_inputs_raise_one_line_errors():
     with pytest.raises(ValueError, match="dim 8 but the SimHash was drawn for dim 16"):
-        lsh.codes(HASH_FNS["simhash"], np.zeros((2, 8), np.float32))
+        lsh.codes(hash_fn("simhash"), np.zeros((2, 8), np.float32))
     with pytest.raises(ValueError, match="shape"):
-        lsh.codes(HASH_FNS["dwta"], np.zeros(16, np.float32))
+        lsh.codes(hash_fn("dwta"), np.zeros(16, np.float32))
     with pytest.raises(ValueError, match="bin_size=32"):
         lsh.init_hash("dwta", jax.random.key(0), 16, 2, 3, bin_size=32)
     with pytest.raises(ValueError, match="density"):
@@ -473,9 +480,9 @@ def check_consistent(tables: lsh.BucketTables, weights: np.ndarray, fn) -> None:
         assert np.sum(row_slot[table] >= 0) == len(filed)  # and nothing else claims a slot
 
 
-@pytest.mark.parametrize("kind", sorted(HASH_FNS))
+@pytest.mark.parametrize("kind", HASH_KINDS)
 def test_fresh_bucket_tables_answer_queries_like_sorted_tables(kind):
-    fn, weights, key = HASH_FNS[kind], integer_weights(24), jax.random.key(25)
+    fn, weights, key = hash_fn(kind), integer_weights(24), jax.random.key(25)
     buckets = lsh.build_tables(fn, weights, key, capacity=6, pending_rows=8)
     check_consistent(buckets, weights, fn)
     x = np.random.default_rng(26).standard_normal((9, DIM)).astype(np.float32)
@@ -488,9 +495,9 @@ def test_fresh_bucket_tables_answer_queries_like_sorted_tables(kind):
 # The refile is one code path for every family (only the codes differ): SimHash in the fast tier, the others
 # with the slow tier.
 @pytest.mark.parametrize("kind", [k if k == "simhash" else pytest.param(k, marks=pytest.mark.slow)
-                                  for k in sorted(HASH_FNS)])
+                                  for k in HASH_KINDS])
 def test_refile_leaves_the_tables_a_full_build_of_the_new_weights_would_have(kind):
-    fn, weights, key = HASH_FNS[kind], integer_weights(27), jax.random.key(28)
+    fn, weights, key = hash_fn(kind), integer_weights(27), jax.random.key(28)
     capacity = N  # no bucket can overflow: then every row is filed, in both
     tables = lsh.build_tables(fn, weights, key, capacity=capacity, pending_rows=400)
     new, changed = changed_weights(weights, 29, 150)
@@ -512,7 +519,7 @@ def test_refile_leaves_the_tables_a_full_build_of_the_new_weights_would_have(kin
 
 
 def test_refile_into_full_buckets_keeps_the_tables_consistent():
-    fn, weights = HASH_FNS["simhash"], integer_weights(33)
+    fn, weights = hash_fn("simhash"), integer_weights(33)
     capacity = 4  # ~31 rows per bucket: nearly every bucket overflows
     tables = lsh.build_tables(fn, weights, jax.random.key(34), capacity=capacity, pending_rows=300)
     new, changed = changed_weights(weights, 35, 300)
@@ -525,7 +532,7 @@ def test_refile_into_full_buckets_keeps_the_tables_consistent():
 
 
 def test_refile_into_full_buckets_is_reservoir_sampling():
-    fn, weights = HASH_FNS["simhash"], integer_weights(41)
+    fn, weights = hash_fn("simhash"), integer_weights(41)
     capacity = 4
     tables = lsh.build_tables(fn, weights, jax.random.key(42), capacity=capacity, pending_rows=64)
     # Rows filed in no table: moving them frees no slot, so every arrival meets a full bucket (or a small one).
@@ -546,7 +553,7 @@ def test_refile_into_full_buckets_is_reservoir_sampling():
 
 
 def test_refile_runs_under_jit_and_drops_ids_noted_past_the_buffer():
-    fn, weights = HASH_FNS["dwta"], integer_weights(37)
+    fn, weights = hash_fn("dwta"), integer_weights(37)
     tables = lsh.build_tables(fn, weights, jax.random.key(38), capacity=100, pending_rows=50)
     new, changed = changed_weights(weights, 39, 80)
     step = jax.jit(lambda t, ids: lsh.note_changed(t, ids))
