@@ -142,10 +142,11 @@ def _topk_check(data, model_shards):
     state = sharded.init_state(mesh, key, NUM_FEATURES, NUM_LABELS, HIDDEN, method="sampled")
     single = sparse.init_state(key, NUM_FEATURES, NUM_LABELS, HIDDEN, method="sampled")
     batch = _batch(2)
-    want = np.asarray(sparse.topk(single.params, batch, 5))
-    got = [np.asarray(sharded.topk(mesh, state.params, batch, 5, num_labels=NUM_LABELS, chunk=chunk))
-           for chunk in (6, 1 << 17)]
-    out = {"equal": all(np.array_equal(g, want) for g in got)}
+    # k = 40: more than a shard's rows (16 or 31), which each shard's top-k pads.
+    out = {"equal": all(np.array_equal(np.asarray(sharded.topk(mesh, state.params, batch, k, num_labels=NUM_LABELS,
+                                                               chunk=chunk)),
+                                       np.asarray(sparse.topk(single.params, batch, k)))
+                        for k in (5, 40) for chunk in (6, 1 << 17))}
     if data == 1:  # a model trained on one device, placed on the model shards: the same top-k and scores
         import ml_collections
 
@@ -210,9 +211,52 @@ def _topk_lsh_check(data, max_scored):
     return {"equal": bool(np.array_equal(got, want)), "retrieved": int((want >= 0).sum())}
 
 
+def _topk_lsh_shards_check(max_scored, num_labels=298, shards=4):
+    """The mesh's LSH-scored top-k over 4 model shards (the last with 2 padding rows, in its tables) against
+    each shard's own lsh_logits over its rows and tables with its share of the bucket capacity and of
+    max_scored, merged by score: the shards' offsets, shares and padding rows (never scored, never returned)."""
+    import jax
+    import numpy as np
+
+    from hwrepro import sparse
+    from hwrepro.models import sparse_layers as model
+    from hwrepro.sparse import evaluation, lsh, sharded
+
+    mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:shards]).reshape(1, shards), ("data", "model"))
+    spec = sparse.LshSpec("simhash", 2, 4)  # 4 buckets a table: the zero padding rows share one, often hit
+    state = sharded.rebuild(mesh, sharded.init_state(mesh, jax.random.key(0), NUM_FEATURES, num_labels, HIDDEN,
+                                                     method="lsh", lsh_spec=spec), jax.random.key(5))
+    batch, k, capacity = _batch(4), 5, 300  # each shard reads whole buckets (75 of a bucket)
+    got = np.asarray(sharded.topk_lsh(mesh, state.params, state.hash_fn, state.tables, batch, k,
+                                      num_labels=num_labels, bucket_capacity=capacity, max_scored=max_scored))
+    p = sharded.gathered_params(state.params, NUM_FEATURES, num_labels)
+    h = model.sparse_hidden(*(jax.numpy.asarray(x) for x in (p["input"]["embedding"], p["input"]["bias"],
+                                                               batch["feat_ids"], batch["feat_vals"])))
+    weight, bias = (jax.numpy.asarray(np.asarray(state.params["output"][name])) for name in ("weight", "bias"))
+    tables, fn = jax.device_get(state.tables), jax.device_get(state.hash_fn)
+    rows, share = weight.shape[0] // shards, lambda n: None if n is None else -(-n // shards)
+    ids, z = [], []
+    for s in range(shards):
+        i, v = evaluation.lsh_logits(weight[s * rows:(s + 1) * rows], bias[s * rows:(s + 1) * rows], h, fn,
+                                     lsh.Tables(tables.ids[s], tables.starts[s]), share(capacity),
+                                     max_scored=share(max_scored), num_valid=num_labels - s * rows)
+        ids.append(np.where(np.asarray(i) < rows, np.asarray(i) + s * rows, -1))
+        z.append(np.asarray(v))
+    ids.append(np.full((len(h), k), -1))  # fewer than k scored in all: -1, as the mesh pads
+    z.append(np.full((len(h), k), -np.inf))
+    ids, z = np.concatenate(ids, axis=1), np.concatenate(z, axis=1)
+    order = np.lexsort((ids, -z), axis=1)[:, :k]  # by score, ties to the lower id
+    want = np.where(np.take_along_axis(z, order, 1) > -np.inf, np.take_along_axis(ids, order, 1), -1)
+    padding_retrieved = int((np.asarray(lsh.query(fn, lsh.Tables(tables.ids[-1], tables.starts[-1]), h,
+                                                   share(capacity))) >= num_labels - (shards - 1) * rows).sum())
+    return {"equal": bool(np.array_equal(got, want)), "in_range": bool(np.all(got < num_labels)),
+            "retrieved": int((want >= 0).sum()), "padding_retrieved": padding_retrieved}
+
+
 def main():
     results = {}
     results["topk-lsh-d2"] = {n: _topk_lsh_check(2, n) for n in (None, 3)}  # 3: fewer than retrieved
+    results["topk-lsh-m4"] = {n: _topk_lsh_shards_check(n) for n in (None, 3, 200)}
     for name, (data, model_shards) in MESHES.items():
         results[f"tables-{name}"] = _tables_check(data, model_shards)
     results["tables-d2"] = _tables_check(2, 1)  # data-parallel only: the one-device run's tables
@@ -277,6 +321,13 @@ def test_each_shard_builds_its_own_tables(results, mesh):
 def test_lsh_top_k_over_data_replicas_equals_one_device_with_max_scored(results):
     for n, r in results["topk-lsh-d2"].items():
         assert r["equal"] and r["retrieved"] > 0, (n, r)
+
+
+@pytest.mark.slow
+def test_lsh_top_k_over_model_shards_merges_each_shards_share(results):
+    for n, r in results["topk-lsh-m4"].items():
+        assert r["equal"] and r["in_range"] and r["retrieved"] > 0, (n, r)
+        assert r["padding_retrieved"] > 0, (n, r)  # the last shard's reads returned its padding rows
 
 
 @pytest.mark.slow

@@ -457,6 +457,13 @@ def test_lsh_scoring_budget_keeps_the_most_often_retrieved(params, batch):
     assert ids.shape == (2, 120) and len(twice) > 120 - 1
     assert set(np.asarray(ids)[0].tolist()) <= set(twice.tolist()) and len(set(np.asarray(ids)[0].tolist())) == 120
     assert np.all(np.isfinite(np.asarray(logits)))
+    # A model shard's padding rows (ids from num_valid on, which its tables hold) take none of the budget:
+    # every retrieved id below num_valid is scored (fewer than 120), none above.
+    ids, logits = (np.asarray(x) for x in sparse.lsh_logits(w, b, h, hash_fn, tables, 200, max_scored=120,
+                                                              num_valid=100))
+    retrieved = np.asarray(sparse.lsh.query(hash_fn, tables, h[:1], 200)).ravel()
+    assert set(ids[0][ids[0] < N].tolist()) == set(retrieved[retrieved < 100].tolist())
+    assert np.all(np.isneginf(logits[ids == N])) and np.all(np.isfinite(logits[ids < N]))
 
 
 def test_blocked_top_k_equals_top_k():

@@ -69,6 +69,8 @@ def scored_topk(weight: jax.Array, bias: jax.Array, h: jax.Array, k: int, chunk:
         z = model.candidate_logits(weight, bias, h, dtype)
         if num_valid is not None:
             z = jnp.where(jnp.arange(n) < num_valid, z, -jnp.inf)
+        if k > n:  # a model shard of fewer rows than k: the rest score -inf (ids n and up, never merged in)
+            z = jnp.pad(z, ((0, 0), (0, k - n)), constant_values=-jnp.inf)
         return jax.lax.top_k(z, k)
 
     def body(best, i):
@@ -112,6 +114,7 @@ def lsh_logits(
     probe_bits: int = 0,
     inner_product: bool = False,
     max_scored: int | None = None,
+    num_valid: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Scores only the neurons retrieved from the LSH tables for each example (fast inference), exactly.
 
@@ -119,7 +122,9 @@ def lsh_logits(
     lsh.mips_rows (`inference_tables`), so the query is lsh.mips_queries(h). max_scored: score at most this
     many distinct ids per example, those retrieved from the most buckets (SLIDE's frequency ranking; ties to
     the lower id). Retrieved ids repeat across tables and probes, so the distinct ones are few: scoring
-    them alone, not every retrieved slot, is what makes the scoring fast (docs/slide_costs.md).
+    them alone, not every retrieved slot, is what makes the scoring fast (docs/slide_costs.md). num_valid (a
+    scalar, may be traced): rows at and after it are dropped like padding before the ranking, so they take none
+    of max_scored (a model shard's padding rows, which its tables hold).
 
     Returns:
       ids int32 [B, R] (each retrieved id once; repeats and padding are num_labels), R = max_scored or
@@ -130,13 +135,14 @@ def lsh_logits(
     ids = lsh.query(hash_fn, tables, x, bucket_capacity, probe_bits).reshape(h.shape[0], -1)
     ids = jnp.sort(ids, axis=1)
     first = jnp.concatenate([jnp.ones_like(ids[:, :1], bool), ids[:, 1:] != ids[:, :-1]], axis=1)
+    valid = ids < (num_labels if num_valid is None else num_valid)
     if max_scored is not None and max_scored < ids.shape[1]:
         slots = ids.shape[1]
         position = jax.lax.broadcasted_iota(jnp.int32, ids.shape, 1)
         # A run of equal ids ends where the next one starts: its length is how often the id was retrieved.
         start = jax.lax.cummin(jnp.where(first, position, slots), axis=1, reverse=True)
         count = jnp.concatenate([start[:, 1:], jnp.full_like(start[:, :1], slots)], axis=1) - position
-        keep = first & (ids < num_labels)
+        keep = first & valid
         # One sort of packed keys (most often retrieved first, then by id; the rest last), XLA:CPU's fast
         # single-array path: a two-key sort calls a comparator per comparison, several times slower.
         id_bits = max(1, num_labels.bit_length())
@@ -145,8 +151,8 @@ def lsh_logits(
             rank = jnp.where(keep, slots - count, slots + 1).astype(u64)
             packed = jnp.sort((rank << u64(id_bits)) | jnp.where(keep, ids, num_labels).astype(u64), axis=1)
             ids = (packed[:, :max_scored] & u64((1 << id_bits) - 1)).astype(jnp.int32)
-        first = jnp.ones_like(ids, bool)  # distinct now; the padding id is masked below
-    ids = jnp.where(first, ids, num_labels)
+        first = valid = ids < num_labels  # distinct now, the dropped ones the padding id
+    ids = jnp.where(first & valid, ids, num_labels)
     return ids, model.output_logits(weight, bias, h, ids, dtype)
 
 

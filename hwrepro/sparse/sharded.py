@@ -6,7 +6,7 @@ The single-device path (hwrepro.sparse.training) is untouched; this module reuse
 Layout (N_pad, F_pad = num_labels, num_features rounded up to a multiple of `model`; n = N_pad / model rows
 per shard; shard s owns global label ids [s * n, (s + 1) * n) and feature ids [s * F_pad / model, ...); the
 <= model - 1 padding rows at the end are zero, never a candidate, never scored, never read with a nonzero
-value):
+value; the last shard's tables hold them, so a step may retrieve or draw one into a slot it then masks):
   W [N_pad, H], b [N_pad], their row-Adam moments (or dense Adam moments)   P("model"): split by label
   E [F_pad, H] and its moments                                               P("model"): split by feature
   LSH tables: ids int32 [model, L, n] (local ids), starts [model, L, buckets + 1]  P("model"): one set per shard
@@ -407,6 +407,8 @@ def make_train_step(
     Batch-shared candidates only: num_candidates (M) must be a multiple of the `model` axis, each shard
     choosing M / model of its own; bucket_capacity is the mesh's (each shard reads bucket_capacity / model ids,
     rounded up, of each of its own buckets). batch_size: B, the global batch (a multiple of the `data` axis).
+    sampler "log_uniform" ranks each shard's own ids from 0: with model > 1 the fill is not the single
+    device's Zipf over global ids (each shard's first rows are drawn as often as label 0).
     What each step sends between devices: the module docstring.
     """
     if method not in METHODS:
@@ -500,7 +502,11 @@ def topk_scored(mesh: jax.sharding.Mesh, params: Params, batch: Batch, k: int, *
                 chunk: int = 131072, dtype: Any = jnp.float32) -> tuple[jax.Array, jax.Array]:
     """evaluation.topk_scored over the mesh: (logits float32 [B, k], ids int32 [B, k]), both P("data").
 
-    Each shard scores its own rows (chunks of `chunk`), then `_merge_topk`: sends [B', k] values and ids."""
+    Each shard scores its own rows (chunks of `chunk`), then `_merge_topk`: sends [B', k] values and ids. k may
+    exceed a shard's rows, not num_labels."""
+    if k > num_labels:
+        raise ValueError(f"topk: k={k} exceeds the {num_labels} labels")
+
     def local(params, batch):
         params = training.model_params(params)
         p_in, p_out = params["input"], params["output"]
@@ -533,8 +539,7 @@ def topk_lsh(mesh: jax.sharding.Mesh, params: Params, hash_fn: Any, tables: lsh.
         offset = lax.axis_index(MODEL) * rows
         h = _dense_hidden(p_in, batch, dtype)[0]
         ids, z = lsh_logits(p_out["weight"], p_out["bias"], h, hash_fn, lsh.Tables(tables.ids[0], tables.starts[0]),
-                            share(bucket_capacity), dtype, max_scored=share(max_scored))
-        z = jnp.where(ids + offset < num_labels, z, -jnp.inf)
+                            share(bucket_capacity), dtype, max_scored=share(max_scored), num_valid=num_labels - offset)
         v, best = top_k_of(z, ids, k, pad_id=rows)  # a shard may score fewer than k: -inf, dropped as -1 below
         v, ids = _merge_topk(v, best + offset, k)
         return jnp.where(v > -jnp.inf, ids, -1)
