@@ -135,14 +135,13 @@ def lsh_logits(
     ids = lsh.query(hash_fn, tables, x, bucket_capacity, probe_bits).reshape(h.shape[0], -1)
     ids = jnp.sort(ids, axis=1)
     first = jnp.concatenate([jnp.ones_like(ids[:, :1], bool), ids[:, 1:] != ids[:, :-1]], axis=1)
-    valid = ids < (num_labels if num_valid is None else num_valid)
+    keep = first & (ids < (num_labels if num_valid is None else num_valid))  # each real id once
     if max_scored is not None and max_scored < ids.shape[1]:
         slots = ids.shape[1]
         position = jax.lax.broadcasted_iota(jnp.int32, ids.shape, 1)
         # A run of equal ids ends where the next one starts: its length is how often the id was retrieved.
         start = jax.lax.cummin(jnp.where(first, position, slots), axis=1, reverse=True)
         count = jnp.concatenate([start[:, 1:], jnp.full_like(start[:, :1], slots)], axis=1) - position
-        keep = first & valid
         # One sort of packed keys (most often retrieved first, then by id; the rest last), XLA:CPU's fast
         # single-array path: a two-key sort calls a comparator per comparison, several times slower.
         id_bits = max(1, num_labels.bit_length())
@@ -151,8 +150,8 @@ def lsh_logits(
             rank = jnp.where(keep, slots - count, slots + 1).astype(u64)
             packed = jnp.sort((rank << u64(id_bits)) | jnp.where(keep, ids, num_labels).astype(u64), axis=1)
             ids = (packed[:, :max_scored] & u64((1 << id_bits) - 1)).astype(jnp.int32)
-        first = valid = ids < num_labels  # distinct now, the dropped ones the padding id
-    ids = jnp.where(first & valid, ids, num_labels)
+        keep = ids < num_labels  # distinct now; the slots left over hold the padding id
+    ids = jnp.where(keep, ids, num_labels)
     return ids, model.output_logits(weight, bias, h, ids, dtype)
 
 
