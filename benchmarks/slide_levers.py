@@ -142,7 +142,7 @@ def parts() -> None:
                                                                              0.9, 0.999, 1e-8), donate_argnums=(0, 1, 2))
     tables = {"W": [p_out["weight"], rows.mu["weight"], rows.nu["weight"]],
               "E": [p_in["embedding"], rows.mu["embedding"], rows.nu["embedding"]]}
-    distinct = jnp.sum(feat_rows < nf, dtype=jnp.int32)
+    distinct = sparse_adam.real_ids(feat_rows, nf)
 
     def update(name, ids, g, used):
         tables[name][:] = adam(*tables[name], ids, g, used)

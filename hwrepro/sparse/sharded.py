@@ -347,7 +347,7 @@ def _sparse_step(state: SlideState, batch: Batch, key: jax.Array, *, use_lsh, nu
 
     # Block by block, as the one-device step (training._sparse_step): E's over the blocks that hold this
     # shard's distinct features (listed first), W's and b's over all of its candidate slots.
-    distinct = jnp.sum(feat_rows < p_in["embedding"].shape[0], dtype=jnp.int32)
+    distinct = sparse_adam.real_ids(feat_rows, p_in["embedding"].shape[0])
     slots = jnp.int32(cand.shape[0])
     tables, opt_rows = row_opt.update(
         {"embedding": g_e, "weight": g_w, "out_bias": g_b},

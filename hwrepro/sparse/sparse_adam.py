@@ -132,6 +132,11 @@ def padded_size(size: int, block: int = BLOCK) -> int:
     return -(-size // block) * block
 
 
+def real_ids(row_ids: jax.Array, num_rows: int) -> jax.Array:
+    """The `used` count (int32 []) of ids that list their real ids (< num_rows) first, then only padding."""
+    return jnp.sum(row_ids < num_rows, dtype=jnp.int32)
+
+
 def update_blocks(table: jax.Array, mu_table: jax.Array, nu_table: jax.Array, count: jax.Array,
                   row_ids: jax.Array, grad_rows: jax.Array, used: jax.Array, lr: float | jax.Array, b1: float,
                   b2: float, eps: float, block: int = BLOCK) -> tuple[jax.Array, jax.Array, jax.Array]:

@@ -332,7 +332,7 @@ def _sparse_step(
     # over every slot. W's and b's over all M shared candidates (re-gathering W's rows rather than reusing the
     # forward's): 0.94x. The same bits either way (docs/benchmarks.md, "Why the step misses its arithmetic
     # floor").
-    distinct = jnp.sum(feat_rows < num_features, dtype=jnp.int32)
+    distinct = sparse_adam.real_ids(feat_rows, num_features)
     tables, opt_rows = row_opt.update(
         {"embedding": g_e, "weight": g_w, "out_bias": g_b},
         {"embedding": feat_rows, "weight": rows, "out_bias": rows},
@@ -373,4 +373,4 @@ def _per_example_output(p_out: dict, h: jax.Array, labels: jax.Array, sets: PerE
     rows, index = compact_rows(ids, num_labels, size)
     g_w = jax.ops.segment_sum(jnp.concatenate([g_wo.reshape(-1, g_wo.shape[-1]), g_wf]), index, size)
     g_b = jax.ops.segment_sum(jnp.concatenate([g_bo.ravel(), g_bf]), index, size)
-    return loss, rows, jnp.sum(rows < num_labels, dtype=jnp.int32), (g_w, g_b, g_h)
+    return loss, rows, sparse_adam.real_ids(rows, num_labels), (g_w, g_b, g_h)
