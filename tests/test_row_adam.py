@@ -51,7 +51,7 @@ def test_an_update_over_the_used_blocks_only_equals_the_update_over_every_id():
         every, _ = update(grads, {"weight": ids, "bias": ids}, opt.init(tables), tables)
         blocked = {k: blocks(tables[k], *[jnp.zeros_like(tables[k])] * 2, jnp.int32(1), ids, grads[k],
                              jnp.int32(11))[0] for k in tables}
-        used = update(grads, {"weight": ids, "bias": ids}, opt.init(tables), tables, None,
+        used = update(grads, {"weight": ids, "bias": ids}, opt.init(tables), tables,
                       {"weight": jnp.int32(11), "bias": None})[0]
         for k in tables:
             np.testing.assert_array_equal(blocked[k], every[k])  # bit for bit

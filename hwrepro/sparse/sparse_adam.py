@@ -47,7 +47,7 @@ class RowAdamState(NamedTuple):
 
 class RowGradientTransformation(NamedTuple):
     """A row-sparse optimizer: `init(tables) -> state` and
-    `update(row_grads, row_ids, state, tables, current_rows=None, used=None) -> (tables, state)`."""
+    `update(row_grads, row_ids, state, tables, used=None) -> (tables, state)`."""
 
     init: Callable[[Any], RowAdamState]
     update: Callable[..., tuple[Any, RowAdamState]]
@@ -77,20 +77,17 @@ def row_adam(learning_rate: float | jax.Array, b1: float = 0.9, b2: float = 0.99
     moment of a small gradient is far below bfloat16's 8-bit mantissa resolution relative to its running value.
     bfloat16 moments (half the optimizer's bytes) are stored as uint16 bits, like bfloat16 tables.
 
-    update(row_grads, row_ids, state, tables, current_rows=None, used=None):
+    update(row_grads, row_ids, state, tables, used=None):
       row_grads: pytree like `tables` of [M_t, ...] gradient rows; row_ids: the same pytree of int32 [M_t]
         unique row ids, where ids >= num_rows are padding and are ignored (their gathers read a clamped row and
         their scatters are dropped). Ids must be unique: a repeated id would be written twice from the same old
         value, losing one gradient; sum gradient rows per unique id first.
       tables: the parameters (any float dtype, or uint16 holding bfloat16 bits, see `to_storage`; arithmetic
         is float32).
-      current_rows: the tables' rows at row_ids (anything finite at padding ids) when the caller gathered them
-        already (for a forward pass, say); saves gathering them again in an update over every id. None, or a
-        pytree like `tables` whose leaves may be None. hwrepro's training steps pass `used` instead: blocks
-        that gather their own rows took 0.88x as long as reusing the forward's (docs/benchmarks.md).
       used: None, or a pytree like `tables` of int32 [] counts (or None leaves): a table's row_ids hold `used`
         real ids first, then only padding, and it is updated `BLOCK` ids at a time over the blocks that hold
-        real ids (`update_blocks`), instead of over every id (its current_rows are not read).
+        real ids (`update_blocks`), instead of over every id. Each block gathers its own rows again rather
+        than reuse the forward's: 0.88x the time (docs/benchmarks.md).
       Returns (new tables, new state); every untouched row is left bit-identical. Donate the tables and the
       state to the enclosing jit so the scatters run in place.
     """
@@ -104,17 +101,16 @@ def row_adam(learning_rate: float | jax.Array, b1: float = 0.9, b2: float = 0.99
                             nu=jax.tree_util.tree_map(zeros, tables))
 
     def update(row_grads: Any, row_ids: Any, state: RowAdamState, tables: Any,
-               current_rows: Any = None, used: Any = None) -> tuple[Any, RowAdamState]:
+               used: Any = None) -> tuple[Any, RowAdamState]:
         count = state.count + 1
         treedef = jax.tree_util.tree_structure(tables)
         none = jax.tree_util.tree_unflatten(treedef, [None] * treedef.num_leaves)
-        current_rows = none if current_rows is None else current_rows
         used = none if used is None else used
         leaves = [treedef.flatten_up_to(x)
-                  for x in (tables, state.mu, state.nu, row_ids, row_grads, current_rows, used)]
-        out = [update_rows(t, mu, nu, count, ids, g, rows, learning_rate, b1, b2, eps) if n is None else
+                  for x in (tables, state.mu, state.nu, row_ids, row_grads, used)]
+        out = [update_rows(t, mu, nu, count, ids, g, None, learning_rate, b1, b2, eps) if n is None else
                update_blocks(t, mu, nu, count, ids, g, n, learning_rate, b1, b2, eps)
-               for t, mu, nu, ids, g, rows, n in zip(*leaves)]
+               for t, mu, nu, ids, g, n in zip(*leaves)]
         new_tables, mu, nu = (jax.tree_util.tree_unflatten(treedef, part) for part in zip(*out))
         return new_tables, RowAdamState(count=count, mu=mu, nu=nu)
 
@@ -175,7 +171,8 @@ def update_rows(table: jax.Array, mu_table: jax.Array, nu_table: jax.Array, coun
                 grad_rows: jax.Array, current_rows: jax.Array | None, lr: float | jax.Array, b1: float, b2: float,
                 eps: float) -> tuple[jax.Array, jax.Array, jax.Array]:
     """One table's Adam step on its rows `row_ids` (count: the step number after this update, from 1):
-    (new table, new mu, new nu)."""
+    (new table, new mu, new nu). current_rows: the table's rows at row_ids when already gathered, else None
+    (benchmarks/slide_levers.py compares the two)."""
     g = grad_rows.astype(jnp.float32)
     # Padding ids read a clamped real row: their results are dropped by the scatters, and a clamped gather
     # needs no select over the gathered values.
