@@ -238,24 +238,30 @@ def test_retrieved_ids_tied_at_the_cut_are_a_random_subset():
     assert 100 < len(np.setdiff1d(kept, np.asarray(again))) < 900
 
 
-@functools.partial(jax.jit, static_argnums=(3, 4, 6))
-def full_array_top_k(labels, retrieved, key, num_candidates, num_labels, min_count, sampler):
+@functools.partial(jax.jit, static_argnums=(3, 4, 6, 7, 8))
+def full_array_top_k(labels, retrieved, key, num_candidates, num_labels, min_count, sampler, num_valid=None,
+                     offset=0):
     """The selection's definition, written over every label id: priorities in one [N + 1] array, one top_k
     over all of it (batch_shared_candidates compacts or ranks only the listed ids; a top_k over 670k labels is
-    several times slower). Returns the top_k's (priorities, ids)."""
+    several times slower). Ids from num_valid on (a shard's padding rows) have no priority. Returns the
+    top_k's (priorities, ids)."""
+    num_valid = num_labels if num_valid is None else num_valid
     k_fill, k_tie = jax.random.split(key)
     score = jnp.zeros(num_labels + 1).at[retrieved.ravel()].add(1.0)
-    score = jnp.where(score >= min_count, score, 0.0).at[labels.ravel()].set(jnp.inf)
+    score = jnp.where((score >= min_count) & (jnp.arange(num_labels + 1) < num_valid), score, 0.0)
+    score = score.at[labels.ravel()].set(jnp.inf)
     score = score + jnp.where(score > 0, 0.5 * candidates.uniform_by_id(k_tie, jnp.arange(num_labels + 1)), 0.0)
-    fill = sparse.sample_labels(k_fill, (num_candidates,), num_labels, sampler)
+    fill = sparse.sample_labels(k_fill, (num_candidates,), num_valid, sampler, offset)
     # A drawn id's priority is its first draw's: the earlier drawn, the higher.
     score = score.at[fill].max(0.75 - 0.5 * jnp.arange(num_candidates, dtype=jnp.int32) / num_candidates)
     return jax.lax.top_k(score[:num_labels], num_candidates)
 
 
-def full_array_selection(labels, retrieved, key, num_candidates, num_labels, min_count, sampler):
+def full_array_selection(labels, retrieved, key, num_candidates, num_labels, min_count, sampler, num_valid=None,
+                         offset=0):
     """The ids full_array_top_k selects, ascending, num_labels at the slots without a priority."""
-    priority, ids = full_array_top_k(labels, retrieved, key, num_candidates, num_labels, min_count, sampler)
+    priority, ids = full_array_top_k(labels, retrieved, key, num_candidates, num_labels, min_count, sampler,
+                                     num_valid, offset)
     return np.sort(np.where(np.asarray(priority) > 0, np.asarray(ids), num_labels))
 
 
@@ -279,6 +285,32 @@ def test_batch_shared_candidates_equal_a_top_k_over_every_label(min_count, retri
             expected = full_array_selection(labels, retrieved, key, m, n, min_count, sampler)
             np.testing.assert_array_equal(np.asarray(ids), expected)
             np.testing.assert_array_equal(np.asarray(mask), expected < n)
+
+
+@pytest.mark.parametrize("min_count, retrieved_ids", [(2, 3_000), (1, 3_000), (2, None)])
+def test_a_shards_selection_skips_its_padding_rows_and_draws_by_global_rank(min_count, retrieved_ids):
+    # The last of several model shards: local ids [0, n), of which [valid, n) are padding rows that its tables
+    # return often; its id 0 is label `offset`. Its selection is the reference's with those rows unranked.
+    n, valid, offset, m = 5_000, 4_960, 20_000, 500
+    rng = np.random.default_rng(12)
+    labels = rng.integers(0, valid, (8, 4)).astype(np.int32)
+    labels[::2, -1] = n
+    retrieved = np.full((8, 5, 100), n, np.int32)
+    retrieved.reshape(-1)[:retrieved_ids or 0] = rng.integers(0, n, retrieved_ids or 0)
+    retrieved[:, :, :10] = valid + np.arange(10)  # padding rows retrieved 40 times each
+    labels, retrieved = jnp.asarray(labels), jnp.asarray(retrieved)
+    select = jax.jit(functools.partial(batch_shared_candidates, num_candidates=m, num_labels=n,
+                                       min_count=min_count), static_argnames="sampler")
+    for sampler in sparse.SAMPLERS:
+        for seed in range(2):
+            key = jax.random.PRNGKey(seed)
+            # num_valid and offset traced, as a shard computes them from its position
+            ids, mask = select(labels, None if retrieved_ids is None else retrieved, key, sampler=sampler,
+                               num_valid=jnp.int32(valid), offset=jnp.int32(offset))
+            expected = full_array_selection(labels, retrieved, key, m, n, min_count, sampler, valid, offset)
+            np.testing.assert_array_equal(np.asarray(ids), expected)
+            ids, mask = np.asarray(ids), np.asarray(mask)
+            assert np.all(ids[mask] < valid) and np.all(ids[~mask] == n) and mask.sum() > 0.99 * m
 
 
 def test_more_distinct_labels_than_candidates_keeps_the_first_listed():
@@ -563,10 +595,13 @@ def test_bf16_adam_moments_store_the_float32_moments_rounded(optimized, batch):
                                   np.asarray(mu_wide.astype(jnp.bfloat16)))
 
 
-def test_log_uniform_draws_follow_zipfs_law_by_id():
-    """P(id) = log((id + 2) / (id + 1)) / log(N + 1): id 0 the most likely (a rank, most frequent first)."""
+@pytest.mark.parametrize("offset", [0, 40])
+def test_log_uniform_draws_follow_zipfs_law_by_id(offset):
+    """P(id) = log((id + 2) / (id + 1)) / log(N + 1): id 0 the most likely (a rank, most frequent first). A
+    model shard whose id 0 is label `offset` draws by the global law restricted to its labels."""
     n, draws = 50, 400_000
-    ids = np.asarray(sparse.sample_labels(jax.random.PRNGKey(0), (draws,), n, "log_uniform"))
-    p = np.log((np.arange(n) + 2) / (np.arange(n) + 1)) / np.log(n + 1)
+    ids = np.asarray(sparse.sample_labels(jax.random.PRNGKey(0), (draws,), n, "log_uniform", offset))
+    rank = offset + np.arange(n)
+    p = np.log((rank + 2) / (rank + 1)) / np.log((offset + n + 1) / (offset + 1))
     counts = np.bincount(ids, minlength=n)
     assert counts.size == n and np.all(np.abs(counts - draws * p) < 5 * np.sqrt(draws * p))

@@ -17,18 +17,27 @@ from hwrepro.models import sparse_layers as model
 SAMPLERS = ("uniform", "log_uniform")
 CANDIDATE_MODES = ("shared", "per_example")
 
-def sample_labels(key: jax.Array, shape: tuple[int, ...], num_labels: int, sampler: str = "uniform") -> jax.Array:
+def sample_labels(key: jax.Array, shape: tuple[int, ...], num_labels: int | jax.Array, sampler: str = "uniform",
+                  offset: int | jax.Array = 0) -> jax.Array:
     """Random label ids int32 [shape] in [0, num_labels).
 
     "uniform", or "log_uniform" (Zipfian by id: P(id) = log((id + 2) / (id + 1)) / log(num_labels + 1), the
     sampler of TF's sampled softmax), which assumes ids are ranks, most frequent label first.
+
+    offset: the global id of id 0, for a model shard holding labels [offset, offset + num_labels): the draws
+    follow the global Zipf law restricted to those labels (P(id) proportional to
+    log((offset + id + 2) / (offset + id + 1))), so the shards' fills together rank labels as one device's.
+    num_labels and offset may be traced (a shard's own values).
     """
     if sampler not in SAMPLERS:
         raise ValueError(f"sampler={sampler!r} is not one of {', '.join(map(repr, SAMPLERS))}")
     if sampler == "uniform":
         return jax.random.randint(key, shape, 0, num_labels, jnp.int32)
+    # Inverse CDF: global id g in [a, a + n) with P(g) ~ log((g + 2) / (g + 1)) is floor((a + 1) r^u) - 1,
+    # r = (a + n + 1) / (a + 1); with a = 0, floor((n + 1)^u) - 1.
     u = jax.random.uniform(key, shape)
-    ids = jnp.floor(jnp.exp(u * jnp.log(num_labels + 1.0))) - 1.0
+    low, high = jnp.log(offset + 1.0), jnp.log(offset + num_labels + 1.0)
+    ids = jnp.floor(jnp.exp(low + u * (high - low))) - 1.0 - offset
     return jnp.clip(ids, 0, num_labels - 1).astype(jnp.int32)
 
 
@@ -53,6 +62,9 @@ def batch_shared_candidates(
     num_labels: int,
     min_count: int = 2,
     sampler: str = "uniform",
+    *,
+    num_valid: int | jax.Array | None = None,
+    offset: int | jax.Array = 0,
 ) -> tuple[jax.Array, jax.Array]:
     """One candidate set for the whole batch, of fixed size M.
 
@@ -74,6 +86,10 @@ def batch_shared_candidates(
       num_candidates: M. If the batch has more than M distinct labels, the first M listed (row by row) are
         kept.
       min_count: >= 1.
+      num_valid, offset: for a model shard whose ids [num_valid, num_labels) are padding rows (the last
+        shard's) and whose id 0 is label `offset`: ids at or above num_valid are never chosen (neither
+        retrieved nor drawn), and the fill draws (`sample_labels`) rank ids globally. Default: every id is a
+        label, offset 0.
 
     Returns:
       ids int32 [M] (distinct, ascending, num_labels at the unfilled slots, which come last) and mask bool
@@ -86,15 +102,16 @@ def batch_shared_candidates(
     if num_candidates > num_labels:
         raise ValueError(f"num_candidates={num_candidates} exceeds num_labels={num_labels}")
     k_fill, k_tie = jax.random.split(key)
-    fill = sample_labels(k_fill, (num_candidates,), num_labels, sampler)
+    num_valid = num_labels if num_valid is None else num_valid
+    fill = sample_labels(k_fill, (num_candidates,), num_valid, sampler, offset)
     listed = labels.ravel() if retrieved is None else jnp.concatenate([labels.ravel(), retrieved.ravel()])
     listed = listed.astype(jnp.int32)
     if retrieved is None:
-        score, qualifies = None, listed < num_labels
+        score, qualifies = None, listed < num_valid
     else:  # labels inf, retrieved ids their count
         score = jnp.zeros(num_labels + 1, jnp.float32).at[retrieved.ravel()].add(1.0)
         score = score.at[labels.ravel()].set(jnp.inf)
-        qualifies = (listed < num_labels) & (score[listed] >= min_count)
+        qualifies = (listed < num_valid) & (score[listed] >= min_count)
     # Each id is claimed by its first qualifying listing, else by its first draw (one [N + 1] array).
     position = jnp.arange(listed.size + num_candidates, dtype=jnp.int32)
     everything = jnp.concatenate([listed, fill])

@@ -5,8 +5,8 @@ The single-device path (hwrepro.sparse.training) is untouched; this module reuse
 
 Layout (N_pad, F_pad = num_labels, num_features rounded up to a multiple of `model`; n = N_pad / model rows
 per shard; shard s owns global label ids [s * n, (s + 1) * n) and feature ids [s * F_pad / model, ...); the
-<= model - 1 padding rows at the end are zero, never a candidate, never scored, never read with a nonzero
-value; the last shard's tables hold them, so a step may retrieve or draw one into a slot it then masks):
+<= model - 1 padding rows at the end are zero, never a candidate (the last shard's tables hold them, and its
+selection skips them), never scored, never read with a nonzero value):
   W [N_pad, H], b [N_pad], their row-Adam moments (or dense Adam moments)   P("model"): split by label
   E [F_pad, H] and its moments                                               P("model"): split by feature
   LSH tables: ids int32 [model, L, n] (local ids), starts [model, L, buckets + 1]  P("model"): one set per shard
@@ -22,7 +22,8 @@ A sparse step ("lsh", "sampled"; batch-shared candidates), per device (d, s), wi
      s sees the whole batch, so all of them select the same candidates and apply the same update.
   3. Candidates on shard s only: the batch's true labels that s owns, ids retrieved from s's tables (at most
      bucket_capacity / model of each bucket: the mesh reads as many ids a bucket as one device does), random
-     ids of s (key folded with s): M / model local ids, so no shard touches another's rows.
+     ids of s (key folded with s; log_uniform by global rank): M / model local ids, so no shard touches
+     another's rows.
   4. Logits [B', M / model] at the local candidates. The softmax over the union of all shards' candidates is
      exact: pmax over `model` of the row maxima [B', 1], then one psum over `model` of [B', 3] (sum of exp,
      target weight, target . logits). Loss: psum over `data` of a scalar.
@@ -270,10 +271,10 @@ def _select(state: SlideState, all_labels: jax.Array, all_h: jax.Array | None, k
         retrieved = lsh.query(state.hash_fn, tables, all_h, -(-bucket_capacity // lax.psum(1, MODEL)))
     # One shard draws with the step's key itself: a data-parallel-only run picks the single-device candidates.
     key = key if lax.psum(1, MODEL) == 1 else jax.random.fold_in(key, shard)
-    cand, mask = batch_shared_candidates(_local_labels(all_labels, offset, rows, num_labels), retrieved,
-                                         key, m_local, rows, min_count, sampler)
-    mask = mask & (cand + offset < num_labels)  # the last shard's padding rows are never candidates
-    return jnp.where(mask, cand, rows), mask
+    # The last shard's padding rows are never candidates; log_uniform draws rank ids globally.
+    return batch_shared_candidates(_local_labels(all_labels, offset, rows, num_labels), retrieved, key, m_local,
+                                   rows, min_count, sampler, num_valid=jnp.minimum(rows, num_labels - offset),
+                                   offset=offset)
 
 
 def _local_features(batch: Batch, rows: int) -> tuple[jax.Array, jax.Array]:
@@ -407,8 +408,8 @@ def make_train_step(
     Batch-shared candidates only: num_candidates (M) must be a multiple of the `model` axis, each shard
     choosing M / model of its own; bucket_capacity is the mesh's (each shard reads bucket_capacity / model ids,
     rounded up, of each of its own buckets). batch_size: B, the global batch (a multiple of the `data` axis).
-    sampler "log_uniform" ranks each shard's own ids from 0: with model > 1 the fill is not the single
-    device's Zipf over global ids (each shard's first rows are drawn as often as label 0).
+    sampler "log_uniform": each shard draws its fill from the global Zipf law over label ids restricted to its
+    own rows (`candidates.sample_labels`' offset).
     What each step sends between devices: the module docstring.
     """
     if method not in METHODS:
