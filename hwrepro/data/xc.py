@@ -721,7 +721,8 @@ class XCBatcher:
 
     A point with more than max_features features keeps its max_features largest-valued ones (the rows that
     need it are re-ordered once, here, not per batch); a point with more than max_labels labels keeps the first
-    max_labels in file order. `truncation` counts both, for the run log (of the points held here).
+    max_labels in file order. `truncation` counts both, of the points held here (run.json sums them over
+    processes).
 
     Of a process's share of a split (data.share), batches are still of the whole split's points, the same in
     every process: each process fills the rows it holds and the others' arrive through
@@ -873,10 +874,27 @@ class LabelData:
 def evaluation_label_width(data: XCData, max_labels: int) -> int:
     """The labels width of evaluation batches: max_labels (training's), or the most labels a point of `data`
     has (over every process's share), so that no label is cut off."""
-    from hwrepro.harness.parallel import max_over_processes
+    from hwrepro.harness.parallel import each_process
 
     widest = int(data.labels_per_point().max()) if data.num_points else 0
-    return max(max_labels, max_over_processes(widest))
+    return max(max_labels, int(each_process(np.int64(widest)).max()))
+
+
+def _split_statistics(train: XCBatcher, final: XCBatcher) -> dict[str, Any]:
+    """run.json's statistics of a run's training points and final evaluation points: the truncation counts and
+    the mean features and labels a training point. Of the whole split when processes each hold a share (summed
+    over them: a collective)."""
+    from hwrepro.harness.parallel import each_process
+
+    names = [f.name for f in dataclasses.fields(Truncation)]
+    local = np.array([*(getattr(train.truncation, n) for n in names), *(getattr(final.truncation, n) for n in names),
+                      train.data.features_per_point().sum(), train.data.labels_per_point().sum()], np.int64)
+    total = each_process(local).sum(axis=0) if train.data.share is not None else local
+    k = len(names)
+    return {"truncation_train": dict(zip(names, map(int, total[:k]))),
+            "truncation_test": dict(zip(names, map(int, total[k:2 * k]))),
+            "features_per_point": float(total[-2] / train.num_points),
+            "labels_per_point": float(total[-1] / train.num_points)}
 
 
 def label_data(train: XCData, test: XCData, config: Any) -> LabelData:
@@ -896,10 +914,8 @@ def label_data(train: XCData, test: XCData, config: Any) -> LabelData:
     num_test = test.share.num_points if test.share is not None else test.num_points
     details = {"num_train": batcher.num_points, "num_test": num_test, "num_final_eval": final_batcher.num_points,
                "num_features": train.num_features, "num_labels": train.num_labels,
-               "truncation_train": vars(batcher.truncation), "truncation_test": vars(final_batcher.truncation),
-               "features_per_point": float(train.features_per_point().mean()),
-               "labels_per_point": float(train.labels_per_point().mean())}
-    if train.share is not None:  # the statistics above are of this process's points
+               **_split_statistics(batcher, final_batcher)}
+    if train.share is not None:
         details["points_held"] = {"train": train.num_points, "test": test.num_points}
     return LabelData(source=source, num_features=train.num_features, num_labels=train.num_labels,
                      num_train=batcher.num_points, steps_per_epoch=batcher.steps_per_epoch(config.train.batch_size),

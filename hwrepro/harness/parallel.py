@@ -219,16 +219,20 @@ def merge_over_processes(parts: dict[str, Any]) -> dict[str, Any]:
             for i, k in enumerate(names)}
 
 
-def max_over_processes(value: int) -> int:
-    """The largest of each process's `value` (a collective when the run has several processes)."""
+def each_process(values: Any) -> Any:
+    """Every process's `values` (a NumPy array of a 4- or 8-byte dtype, the same shape in each), stacked into
+    [process_count, ...] in every process: a collective when the run has several processes. The values travel
+    as their bits (uint32 words), so int64 counts arrive exact without JAX's 64-bit mode."""
     import jax
-
-    if jax.process_count() == 1:
-        return int(value)
     import numpy as np
+
+    values = np.ascontiguousarray(values)
+    if jax.process_count() == 1:
+        return values[None]
     from jax.experimental import multihost_utils
 
-    return int(np.max(multihost_utils.process_allgather(np.int32(value))))
+    words = np.asarray(multihost_utils.process_allgather(values.reshape(-1).view(np.uint32)))
+    return words.view(values.dtype).reshape((-1,) + values.shape)
 
 
 def to_host(x: Any) -> Any:
