@@ -66,6 +66,20 @@ def _sweep_config(name):
     return importlib.import_module(f"configs.{name}").get_config()
 
 
+def test_a_point_another_process_runs_is_left_as_it_was(tmp_path):
+    config = _sweep_config("sweep_autoencoder")
+    point = grid.expand(config)[0]
+    run_dir = tmp_path / point.name
+    lock = records.lock_workdir(run_dir)  # another sweep's child holds the point
+    (run_dir / sweep.OUTPUT_FILE).write_text("its own output\n")
+    try:
+        with pytest.raises(records.WorkdirBusy):
+            sweep._attempt(config, point, run_dir)
+    finally:
+        os.close(lock)
+    assert (run_dir / sweep.OUTPUT_FILE).read_text() == "its own output\n"  # no attempt header of ours
+
+
 @pytest.mark.parametrize("name", ["sweep_autoencoder", "sweep_prednet", "sweep_prednet_video",
                                   "sweep_prednet_moving_mnist"])
 def test_study_sweeps_expand_to_cpu_grid_and_gpu_points(name):

@@ -41,9 +41,12 @@ _PARENT_ENV = "HWREPRO_PARENT_PID"
 _CONFIG_ENV = "HWREPRO_CONFIG"
 
 
-def run_in_child(config: ml_collections.ConfigDict, workdir: Path, stdout=None, stderr=None) -> int:
+def run_in_child(config: ml_collections.ConfigDict, workdir: Path, stdout=None, stderr=None,
+                 banner: str = "") -> int:
     """Runs `config` (validated by the caller) in a fresh process in `workdir`; returns its exit code.
 
+    banner: written to stdout (a file) once the workdir is this run's, before the child starts: a busy or
+    finished workdir's output is left as it was.
     Raises WorkdirBusy / WorkdirTaken before any process starts when another run owns the workdir or it
     holds a finished run, and Interrupted (already reported by the child) after passing on a signal.
     """
@@ -51,6 +54,9 @@ def run_in_child(config: ml_collections.ConfigDict, workdir: Path, stdout=None, 
     lock = records.lock_workdir(workdir)
     try:
         records.refuse_finished(parallel.run_workdir(workdir))  # a Slurm task i > 0: the run's own record
+        if banner:
+            stdout.write(banner)
+            stdout.flush()
         stamp = records.record_stamp(workdir)
         child = subprocess.Popen(_command(workdir), env=_environment(config), stdout=stdout, stderr=stderr,
                                  pass_fds=(lock,), process_group=0)

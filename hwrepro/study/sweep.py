@@ -253,9 +253,8 @@ def _attempt(config: ml_collections.ConfigDict, point: Point, run_dir: Path) -> 
     t0 = time.time()
     run_dir.mkdir(parents=True, exist_ok=True)
     with open(run_dir / OUTPUT_FILE, "a") as out:
-        out.write(f"=== hwrepro.study.sweep: attempt started {records.now()} ===\n")
-        out.flush()
-        code = process.run_in_child(point_config(config, point), run_dir, stdout=out, stderr=out)
+        code = process.run_in_child(point_config(config, point), run_dir, stdout=out, stderr=out,
+                                    banner=f"=== hwrepro.study.sweep: attempt started {records.now()} ===\n")
     return _settle(run_dir, code), time.time() - t0
 
 
