@@ -23,6 +23,7 @@ _OUTPUT = flags.DEFINE_string("output", None, "With --predict: where the predict
 _K = flags.DEFINE_integer("k", 5, "With --predict: labels per point.")
 _LSH = flags.DEFINE_bool("lsh", False, "With --predict: LSH-scored (the model's inference tables) instead of dense.")
 _OVERWRITE = flags.DEFINE_bool("overwrite", False, "With --predict: replace an existing --output.")
+_PLATFORM = flags.DEFINE_string("platform", None, "With --predict: cpu | gpu to score on (default: the run's).")
 
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
@@ -55,7 +56,7 @@ def usage() -> str:
     width = max(len(p.name) for p in configs)
     lines = [f"  configs/{p.name:<{width}}  {first_sentence(p)}" for p in configs]
     return f"""usage: python launch.py --config=configs/NAME.py [--workdir=DIR] [--config.a.b=value ...] [--shard=i/n]
-       python launch.py --workdir=DIR --predict=FILE --output=OUT [--k=5] [--lsh] [--overwrite]
+       python launch.py --workdir=DIR --predict=FILE --output=OUT [--k=5] [--lsh] [--overwrite] [--platform=cpu]
 
 Runs one experiment (or a sweep) and records it in DIR (default: a fresh runs/<name>-<time>/): config.json,
 run.json, metrics.jsonl, final.json with param_sha256. Exit codes: 0 done, 1 failed, 2 bad input, 3 skipped.
@@ -72,7 +73,8 @@ flags:
   --shard=i/n        sweeps only: run every n-th point starting at i (for a job array)
   --predict=FILE     score FILE (XC text format, labels optional, or bare 'f:v f:v' lines) with the model the
                      finished run in --workdir kept; --output=OUT gets one line a point ('id:score' best
-                     first); --k=N labels, --lsh LSH-scored, --overwrite replaces OUT; P@1/3/5 when FILE has labels
+                     first); --k=N labels, --lsh LSH-scored, --overwrite replaces OUT; P@1/3/5 when FILE has labels;
+                     --platform=cpu|gpu scores there instead of on the run's numerics.platform
 """
 
 
@@ -140,13 +142,13 @@ def main(argv):
             return 2
         try:
             return launcher.predict(_WORKDIR.value, _PREDICT.value, _OUTPUT.value, _K.value, _LSH.value,
-                                    _OVERWRITE.value, argv=sys.argv)
+                                    _OVERWRITE.value, argv=sys.argv, platform=_PLATFORM.value)
         except (Exception, KeyboardInterrupt) as e:
             return runner.report_error(e)
     if not flags.FLAGS["config"].present:
         print("error: --config=configs/NAME.py is required (see --help)", file=sys.stderr)
         return 2
-    stray = [name for name in ("output", "k", "lsh", "overwrite") if flags.FLAGS[name].present]
+    stray = [name for name in ("output", "k", "lsh", "overwrite", "platform") if flags.FLAGS[name].present]
     if stray:
         print(f"error: --{stray[0]} goes with --predict=FILE, which this command does not have", file=sys.stderr)
         return 2

@@ -321,6 +321,67 @@ def test_predict_from_the_command_line_scores_as_the_run_evaluated(lsh_run, tmp_
     assert model.predictor(k=5, lsh=True) is model.predictor(k=5, lsh=True)  # tables built once
 
 
+def _processes_writing(path):
+    """Pids of the live processes whose command line names `path`."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and str(path).encode() in (proc / "cmdline").read_bytes():
+                pids.append(int(proc.name))
+        except OSError:
+            pass
+    return pids
+
+
+@pytest.mark.slow
+def test_predict_command_on_another_platform_with_damaged_records_and_when_stopped(lsh_run, tmp_path, run_launch):
+    """The command's own process: a model trained for a GPU scores on this CPU with --platform=cpu (without it,
+    one line saying so, exit 3); a damaged config.json is one line naming it (exit 2); SIGTERM stops it (and
+    the child it runs in for the allocator settings) with exit 1, leaving no output, temporary or final."""
+    import shutil
+    import signal
+    import time
+
+    from conftest import launch_process
+
+    workdir, final = lsh_run
+    path, test = _final_eval_file(tmp_path, tiny_config())
+    gpu = tmp_path / "gpu"
+    shutil.copytree(workdir, gpu)
+    config = json.loads((gpu / "config.json").read_text())
+    (gpu / "config.json").write_text(json.dumps(dict(config, numerics=dict(config["numerics"], platform="gpu"))))
+    out = tmp_path / "out.txt"
+    if not shutil.which("nvidia-smi"):
+        p = run_launch(f"--workdir={gpu}", f"--predict={path}", f"--output={out}")
+        assert p.returncode == 3 and not out.exists(), p.stderr[-2000:]
+        line, = p.stderr.strip().splitlines()
+        assert line.startswith("error: numerics.platform='gpu' is not available here") and line.endswith(
+            "; --platform=cpu scores on this machine's CPU"), line
+    p = run_launch(f"--workdir={gpu}", f"--predict={path}", f"--output={out}", "--platform=cpu")
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert float(re.search(r"P@1 ([\d.]+)", p.stdout).group(1)) == pytest.approx(final["test_P@1"], abs=1e-4)
+    (gpu / "config.json").write_text("{")
+    p = run_launch(f"--workdir={gpu}", f"--predict={path}", f"--output={tmp_path / 'none.txt'}")
+    assert p.returncode == 2 and p.stderr.strip().splitlines() == [
+        f"error: {gpu / 'config.json'} is unreadable (Expecting property name enclosed in double quotes: line 1 "
+        "column 2 (char 1)): the run folder is damaged"]
+    many = tmp_path / "many.txt"  # the test points 400 times: seconds of scoring
+    lines = path.read_text().splitlines()
+    many.write_text("\n".join([lines[0].replace(str(test.num_points), str(400 * test.num_points), 1)]
+                              + lines[1:] * 400) + "\n")
+    stopped = tmp_path / "stopped.txt"
+    proc = launch_process(f"--workdir={workdir}", f"--predict={many}", f"--output={stopped}")
+    deadline = time.time() + 120
+    while not list(tmp_path.glob("stopped.txt.tmp*")) and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1 and "error: interrupted by SIGTERM" in err, err[-2000:]
+    assert not stopped.exists() and not list(tmp_path.glob("stopped.txt*"))
+    time.sleep(0.5)
+    assert _processes_writing(stopped) == []
+
+
 @pytest.mark.slow
 def test_predict_refuses_bad_input_in_one_line_and_writes_nothing(lsh_run, tmp_path):
     import shutil

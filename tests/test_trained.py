@@ -48,6 +48,25 @@ def test_a_finished_run_keeps_its_model_and_load_gives_it_back(autoencoder_run):
     np.testing.assert_allclose(model.predict(x), 1 / (1 + np.exp(-np.asarray(logits))), rtol=1e-5, atol=1e-6)
 
 
+def test_a_save_cut_short_leaves_no_temporary_model(autoencoder_run, tmp_path, monkeypatch):
+    from hwrepro.harness import interrupts, records, trained
+
+    params = hwrepro.load(autoencoder_run[0]).params
+    stale = tmp_path / ".model.tmp1"  # an earlier process's save, killed: removed by the next save
+    stale.mkdir()
+    (stale / "part").write_bytes(b"x")
+
+    def stopped(path, obj):
+        raise interrupts.Interrupted("SIGTERM")
+    with monkeypatch.context() as m:  # a signal while model.json is written, after the parameters
+        m.setattr(records, "write_json_atomic", stopped)
+        with pytest.raises(interrupts.Interrupted):
+            trained.save(tmp_path, "autoencoder", params)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    assert trained.save(tmp_path, "autoencoder", params) > 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+
+
 @pytest.mark.slow
 def test_keep_model_false_keeps_none_and_load_says_why(tmp_path):
     runner.run_here(tiny_autoencoder(keep_model=False), tmp_path / "ae", quiet=True)

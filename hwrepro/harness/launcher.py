@@ -47,17 +47,22 @@ def launch(config: ml_collections.ConfigDict, workdir: str | None = None, shard:
 
 
 def predict(workdir: str, path: str, output: str, k: int = 5, lsh: bool = False, overwrite: bool = False,
-            argv: list[str] | None = None) -> int:
+            argv: list[str] | None = None, platform: str | None = None) -> int:
     """`launch.py --workdir=W --predict=FILE --output=OUT`: scores FILE's points with the model W kept
     (hwrepro.harness.trained) through its experiment's `predict_file`, under the numerics it was trained
-    with, and prints what it measured (P@k when FILE has labels); returns the exit code. Bad input (no usable
-    model, a malformed FILE, an OUT that exists without `overwrite`) raises before OUT is touched. `argv`: the
-    command line, run again in a child process when the numerics' allocator settings must be there from the
-    start (as a run's are)."""
-    from hwrepro.errors import DataError, ModelError
+    with (on `platform` instead of the run's numerics.platform when given: a model trained on a GPU scores on
+    a CPU), and prints what it measured (P@k when FILE has labels); returns the exit code. Bad input (no usable
+    model, a malformed FILE, an OUT that exists without `overwrite`) raises before OUT is touched; a signal
+    raises Interrupted and leaves OUT untouched too. `argv`: the command line, run again in a child process
+    when the numerics' allocator settings must be there from the start (as a run's are). The numerics apply
+    only in a process that has not imported JAX yet (a command's); from Python, the caller's JAX settings
+    stand."""
+    from hwrepro.errors import DataError, ModelError, PlatformUnavailable
 
     if k <= 0:
         raise ConfigError(f"--k={k} must be positive")
+    if platform is not None and platform not in numerics.PLATFORMS:
+        raise ConfigError(f"--platform={platform!r} is not one of {', '.join(numerics.PLATFORMS)}")
     if Path(output).exists() and not overwrite:
         raise DataError(f"--output={output} exists; choose another path or add --overwrite")
     if not Path(output).absolute().parent.is_dir():
@@ -67,25 +72,33 @@ def predict(workdir: str, path: str, output: str, k: int = 5, lsh: bool = False,
                         "are never overwritten)")
     if Path(path).is_dir():
         raise DataError(f"--predict={path} is a folder: give a file of points")
+    n = None
     if "jax" not in sys.modules and (Path(workdir) / records.CONFIG_FILE).is_file():
-        n = records.read_json(Path(workdir) / records.CONFIG_FILE)["numerics"]
+        n = dict(records.read_run_file(Path(workdir) / records.CONFIG_FILE, "numerics")["numerics"])
+        n["platform"] = platform or n["platform"]
         if argv and numerics.needs_fresh_process(n):
-            import subprocess
-
-            return subprocess.call([sys.executable, *argv], env=numerics.startup_environment(n, os.environ))
+            return process.rerun(argv, numerics.startup_environment(n, os.environ))
         numerics.apply_before_jax(n)
+    process.die_with_parent()  # when this is `rerun`'s child
     from absl import logging
 
     from hwrepro import experiments
-    from hwrepro.harness import trained
+    from hwrepro.harness import interrupts, trained
 
     logging.set_verbosity(logging.WARNING)  # app.run's default shows orbax's INFO lines about reading the model
-    model = trained.load(workdir)
-    module = experiments.get(model.config.experiment)
-    if not hasattr(module, "predict_file"):
-        raise ModelError(f"--predict reads files for experiments with a predict_file (SLIDE's); "
-                         f"{model.config.experiment!r} models predict from Python: hwrepro.load({workdir!r}).predict")
-    result = module.predict_file(model, path, output, k=k, lsh=lsh)
+    with interrupts.catch_signals():
+        if n is not None:
+            try:
+                numerics.apply_after_jax(n)  # the run's matmul precision; the platform really there
+            except PlatformUnavailable as e:
+                raise PlatformUnavailable(f"{e}; --platform=cpu scores on this machine's CPU") from None
+        model = trained.load(workdir)
+        module = experiments.get(model.config.experiment)
+        if not hasattr(module, "predict_file"):
+            name = model.config.experiment
+            raise ModelError(f"--predict reads files for experiments with a predict_file (SLIDE's); {name!r} models "
+                             f"predict from Python: hwrepro.load({workdir!r}).predict")
+        result = module.predict_file(model, path, output, k=k, lsh=lsh)
     shown = " ".join(f"{name} {value:.4f}" for name, value in result.items() if name.startswith("P@"))
     rate = f"{result['points_per_s']:,.0f}" if result["points_per_s"] >= 10 else f"{result['points_per_s']:.2g}"
     print(f"predicted {result['points']:,} points in {result['seconds']:.1f} s ({rate} points/s, "

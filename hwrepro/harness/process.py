@@ -238,7 +238,7 @@ def _forwarding_signals(*children: subprocess.Popen) -> Iterator[list[str]]:
             signal.signal(s, h)
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Asks Linux for SIGTERM when the launching process dies (then interrupts.catch_signals takes over);
     exits if it died already."""
     parent = os.environ.get(_PARENT_ENV)
@@ -248,6 +248,21 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
     if os.getppid() != int(parent):
         sys.exit(runner.EXIT_FAILED)
+
+
+def rerun(argv: Sequence[str], env: dict[str, str]) -> int:
+    """This command (`argv`, sys.argv) again in a fresh Python process started with `env` (start-up settings
+    such as glibc's tunables), tied to this one as a run's child is: SIGINT / SIGTERM / SIGHUP passed on, and
+    SIGTERM to it when this process dies, if it calls `die_with_parent`. Returns its exit code; EXIT_FAILED
+    after one line when a signal killed it."""
+    child = subprocess.Popen([sys.executable, *argv], env=dict(env, **{_PARENT_ENV: str(os.getpid())}),
+                             process_group=0)
+    with _forwarding_signals(child):
+        code = child.wait()
+    if code < 0:
+        print(f"error: the process {exit_reason(code)}", file=sys.stderr, flush=True)
+        return runner.EXIT_FAILED
+    return code
 
 
 def check_in_child(configs: dict[str, ml_collections.ConfigDict]) -> None:
@@ -283,7 +298,7 @@ def _check(path: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """The child's side: `python -m hwrepro.harness.process WORKDIR` (or `--check FILE`, see check_in_child)."""
-    _die_with_parent()
+    die_with_parent()
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) == 2 and argv[0] == "--check":
         return _check(argv[1])

@@ -169,6 +169,19 @@ def read_json(path: Path) -> Any:
     return json.loads(Path(path).read_text())
 
 
+def read_run_file(path: Path, *keys: str) -> Any:
+    """A finished run's JSON file (config.json, final.json, model/model.json), which must hold `keys`; ModelError,
+    one line naming the file, when it cannot be read or parsed or lacks one of them."""
+    try:
+        content = read_json(path)
+    except (OSError, ValueError) as e:
+        raise ModelError(f"{path} is unreadable ({e}): the run folder is damaged") from None
+    missing = [k for k in keys if not isinstance(content, dict) or k not in content]
+    if missing:
+        raise ModelError(f"{path} has no {missing[0]!r}: the run folder is damaged")
+    return content
+
+
 def read_json_or_none(path: Path) -> Any:
     """`read_json`, or None when the file is missing or not JSON (a record a run never wrote, or cut short)."""
     try:

@@ -13,7 +13,7 @@ experiment rebuilds from the parameters and the config's seed. What `predict` do
 `make_predict(config, params, **options)` (hwrepro.experiments): found by name, like the experiment.
 
 The folder is written beside the run's records under a temporary name and renamed into place whole, so a run
-killed while saving leaves no half model. `load` refuses, in one line (ModelError), a workdir that is not a
+killed while saving leaves no half model (the temporary folder goes with the error, or with the next save). `load` refuses, in one line (ModelError), a workdir that is not a
 finished run, keeps no model (train.keep_model=False), or whose model files are damaged or were written by an
 incompatible hwrepro: the loaded parameters must hash to final.json's param_sha256.
 """
@@ -57,8 +57,9 @@ def save(workdir: Path, experiment: str, params: Any) -> int:
     import orbax.checkpoint as ocp
 
     workdir = Path(workdir)
+    for stale in workdir.glob(f".{MODEL_DIR}.tmp*"):  # an earlier process's save, cut short (the workdir is ours)
+        shutil.rmtree(stale, ignore_errors=True)
     tmp = workdir / f".{MODEL_DIR}.tmp{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
     host = jax.tree_util.tree_map(np.asarray, params)
     only_here = ocp.options.MultiprocessingOptions(primary_host=jax.process_index(),
                                                    active_processes={jax.process_index()})
@@ -74,8 +75,9 @@ def save(workdir: Path, experiment: str, params: Any) -> int:
         shutil.rmtree(workdir / MODEL_DIR, ignore_errors=True)  # an attempt that saved it, then failed to finish
         os.replace(tmp, workdir / MODEL_DIR)
     except OSError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
         raise records.RecordWriteError(f"cannot write {workdir / MODEL_DIR}: {e.strerror or e}") from None
+    finally:  # whatever stopped it (a full disk, a signal, orbax): no half model left behind
+        shutil.rmtree(tmp, ignore_errors=True)
     return size
 
 
@@ -113,26 +115,18 @@ def load(workdir: str | os.PathLike) -> Trained:
     usable."""
     workdir = Path(workdir)
     folder = records.model_folder(workdir)
-    config = ml_collections.ConfigDict(_read_json(workdir / records.CONFIG_FILE))
-    info = _read_json(folder / "model.json")
+    config = ml_collections.ConfigDict(records.read_run_file(workdir / records.CONFIG_FILE, "experiment"))
+    info = records.read_run_file(folder / "model.json", "format", "arrays")
     if info.get("format") != FORMAT:
         raise ModelError(f"{folder} has model format {info.get('format')!r}, this hwrepro "
                          f"({hwrepro.__version__}) reads format {FORMAT}: load it with hwrepro {info.get('hwrepro')}")
     params = _restore(folder / "params")
-    final = _read_json(workdir / "final.json")
+    final = records.read_run_file(workdir / "final.json")
     if arrays(params) != {k: (list(s), d) for k, (s, d) in info["arrays"].items()} or (
             records.param_sha256(params) != final.get("param_sha256")):
         raise ModelError(f"the model files under {folder} do not hold the parameters final.json's param_sha256 "
                          "names: they are damaged")
     return Trained(workdir, config, params, final)
-
-
-def _read_json(path: Path) -> Any:
-    """A run folder's JSON file; ModelError, one line, when it cannot be read or parsed."""
-    try:
-        return records.read_json(path)
-    except (OSError, ValueError) as e:
-        raise ModelError(f"{path} is unreadable ({e}): the run folder is damaged") from None
 
 
 def _restore(path: Path) -> Any:
