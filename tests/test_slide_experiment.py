@@ -288,7 +288,8 @@ def _final_eval_file(tmp_path, config):
 
 
 @pytest.mark.slow
-def test_predict_from_the_command_line_scores_as_the_run_evaluated(lsh_run, tmp_path, run_launch, capsys):
+def test_predict_from_the_command_line_scores_as_the_run_evaluated(lsh_run, tmp_path, run_launch, capsys,
+                                                                  monkeypatch):
     """A fresh process loads the model the run kept and scores the run's own test points: the same P@k as the
     run's dense evaluation (printed), one line a point of k `id:score`, best first; LSH-scored, the same P@k
     as the run's LSH-scored evaluation (its inference tables rebuilt alike)."""
@@ -319,6 +320,14 @@ def test_predict_from_the_command_line_scores_as_the_run_evaluated(lsh_run, tmp_
         {f"P@{k}": final[f"test_lsh_P@{k}"] for k in (1, 3, 5)}, abs=1e-4)
     model = trained.load(workdir)
     assert model.predictor(k=5, lsh=True) is model.predictor(k=5, lsh=True)  # tables built once
+    # On a machine whose "auto" resolves otherwise, the kept model hashes as the run's machine did.
+    here = simhash.resolve_dtype("auto")
+    assert final["config_resolved"] == {"lsh.simhash.dtype": here} and model.config.lsh.simhash.dtype == here
+    batch = next(xc.XCBatcher(test, 32, 8).ordered(256))
+    ids = model.predict(batch, lsh=True)[1]
+    other = {"fp32": "bf16", "bf16": "fp32"}[here]
+    monkeypatch.setattr(simhash, "resolve_dtype", lambda d: other if d == "auto" else d)
+    np.testing.assert_array_equal(trained.load(workdir).predict(batch, lsh=True)[1], ids)
 
 
 def _processes_writing(path):

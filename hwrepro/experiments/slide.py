@@ -384,6 +384,10 @@ def run(config: ml_collections.ConfigDict, rec: Run):
             data.num_labels, progress).items()})
         final[prefix + "seconds"] = time.time() - t_scoring
     final["final_eval_seconds"] = time.time() - t
+    kind = config.eval.lsh.kind
+    if config.eval.lsh.tables == "inference" and config.lsh.get(kind, {}).get("dtype") == "auto":
+        # The inference tables' hashing dtype on this machine: a kept model predicts with the same tables anywhere.
+        final[trained.RESOLVED] = {f"lsh.{kind}.dtype": simhash.resolve_dtype("auto")}
     where = f" on {data.num_test:,} test points"  # what was scored (text8: held-out pairs)
     rec.print(f"{m.method}: {final['seconds_per_epoch']:.1f} s/epoch (rebuilds {timing['rebuild_seconds']:.1f} s), "
               + " ".join(f"P@{k} {final[f'test_P@{k}']:.4f}" for k in KS) + where)

@@ -8,8 +8,9 @@ workdir/model/ holds
 - params/     the parameters as the experiment's Flax modules take them (what `run` returned and final.json's
               param_sha256 hashes), an orbax PyTree checkpoint, uncompressed;
 - model.json  format, hwrepro version, experiment, every array's path, shape and dtype.
-The config is the run's config.json; whatever else a prediction needs (SLIDE's LSH inference tables) the
-experiment rebuilds from the parameters and the config's seed. What `predict` does is the experiment's own
+The config is the run's config.json, with the settings the run resolved on its machine (final.json's
+config_resolved) filled in; whatever else a prediction needs (SLIDE's LSH inference tables) the experiment
+rebuilds from the parameters and the config's seed. What `predict` does is the experiment's own
 `make_predict(config, params, **options)` (hwrepro.experiments): found by name, like the experiment.
 
 The folder is written beside the run's records under a temporary name and renamed into place whole, so a run
@@ -21,6 +22,7 @@ incompatible hwrepro: the loaded parameters must hash to final.json's param_sha2
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import shutil
 from pathlib import Path
@@ -37,6 +39,9 @@ from hwrepro.harness import records
 
 MODEL_DIR = records.MODEL_DIR
 FORMAT = 1  # model.json's "format": a change in the layout above that old readers cannot read bumps it
+# final.json's {field: value} of config settings the run resolved on its machine (SLIDE: SimHash's dtype "auto"
+# for the inference tables): `load` sets them in the config, so prediction anywhere builds the run's tables.
+RESOLVED = "config_resolved"
 
 
 def arrays(params: Any) -> dict[str, tuple[list[int], str]]:
@@ -126,6 +131,10 @@ def load(workdir: str | os.PathLike) -> Trained:
             records.param_sha256(params) != final.get("param_sha256")):
         raise ModelError(f"the model files under {folder} do not hold the parameters final.json's param_sha256 "
                          "names: they are damaged")
+    for field, value in final.get(RESOLVED, {}).items():  # what "auto" settings were on the run's machine
+        group, name = field.rsplit(".", 1)
+        with config.unlocked():
+            functools.reduce(getattr, group.split("."), config)[name] = value
     return Trained(workdir, config, params, final)
 
 
