@@ -217,7 +217,9 @@ def make_predict(config: ml_collections.ConfigDict, params: sparse.Params, *, k:
     """A trained model's prediction (hwrepro.load): batch {"feat_ids" int32 [B, F] padded with num_features,
     "feat_vals" float32 [B, F]} -> (scores float32 [B, k], label ids int32 [B, k]) as NumPy, best first.
     Dense-scored (every label), or with `lsh` LSH-scored through inference tables built here once (eval.lsh's
-    settings, the config's seed: the run's own final LSH-scored evaluation); ids -1 (score -inf) where
+    settings, the config's seed: the run's own final LSH-scored evaluation when eval.lsh.tables is "inference",
+    the configs' default; a kept model has no training tables, so a run that scored with them ("training") is
+    scored here with inference tables); ids -1 (score -inf) where
     fewer than k labels were retrieved. `devices` > 1 (dense only): the output layer split by label over that
     many of this process's devices (sharded.place, sharded.topk_scored), whatever layout it was trained in."""
     dtype = numerics.jnp_dtype(config.numerics.precision)
