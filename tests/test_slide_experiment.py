@@ -319,7 +319,7 @@ def test_predict_from_the_command_line_scores_as_the_run_evaluated(lsh_run, tmp_
     assert {k: float(v) for k, v in printed.items()} == pytest.approx(
         {f"P@{k}": final[f"test_lsh_P@{k}"] for k in (1, 3, 5)}, abs=1e-4)
     model = trained.load(workdir)
-    assert model.predictor(k=5, lsh=True) is model.predictor(k=5, lsh=True)  # tables built once
+    assert model.predictor(k=5, lsh=True) is model.predictor(lsh=True)  # tables built once (k=5: the default)
     # On a machine whose "auto" resolves otherwise, the kept model hashes as the run's machine did.
     here = simhash.resolve_dtype("auto")
     assert final["config_resolved"] == {"lsh.simhash.dtype": here} and model.config.lsh.simhash.dtype == here

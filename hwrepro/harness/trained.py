@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import os
 import shutil
 from pathlib import Path
@@ -101,13 +102,17 @@ class Trained:
     _predictors: dict = dataclasses.field(default_factory=dict, repr=False)
 
     def predictor(self, **options: Any) -> Callable:
-        """The prediction function for `options` (built on first use, then reused)."""
-        key = tuple(sorted(options.items()))
+        """The prediction function for `options` (built on first use, then reused; options left out count as
+        make_predict's defaults). Each distinct set holds its own device copy of the parameters (SLIDE's
+        LSH-scored ones their tables too): for several k, predict the largest once and slice."""
+        module = experiments.get(self.config.experiment)
+        if not hasattr(module, "make_predict"):
+            raise ModelError(f"experiment {self.config.experiment!r} has no make_predict: its models load "
+                             "(config, params) but do not predict")
+        defaults = {name: p.default for name, p in inspect.signature(module.make_predict).parameters.items()
+                    if p.kind == p.KEYWORD_ONLY}
+        key = tuple(sorted({**defaults, **options}.items()))
         if key not in self._predictors:
-            module = experiments.get(self.config.experiment)
-            if not hasattr(module, "make_predict"):
-                raise ModelError(f"experiment {self.config.experiment!r} has no make_predict: its models load "
-                                 "(config, params) but do not predict")
             self._predictors[key] = module.make_predict(self.config, self.params, **options)
         return self._predictors[key]
 
