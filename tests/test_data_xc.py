@@ -97,6 +97,38 @@ def test_cache_round_trips_and_is_invalidated(tmp_path, monkeypatch):
     _assert_same(xc.read_xc(path, use_cache=False), again)
 
 
+def test_a_file_replaced_while_it_is_parsed_is_not_cached_under_the_old_fingerprint(tmp_path, monkeypatch):
+    path = _write(tmp_path, HAND)
+    real_parse = xc._parse_file
+    changed = HAND.replace("1:0.5", "1:0.7")
+
+    def replaced_first(p, *args, **kwargs):  # another process rewrites the file between hashing and parsing
+        _write(tmp_path, changed)
+        st = os.stat(p)
+        os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+        return real_parse(p, *args, **kwargs)
+
+    monkeypatch.setattr(xc, "_parse_file", replaced_first)
+    assert xc.read_xc(path).feat_values[0] == np.float32(0.7)
+    assert not os.path.exists(xc.cache_path(path))
+
+
+def test_an_unreadable_file_or_a_folder_is_one_data_error(tmp_path, monkeypatch):
+    path = _write(tmp_path, HAND)
+
+    def denied(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(xc, "_cache_stamp", denied)  # the first read of the file's bytes
+    with pytest.raises(DataError, match=r"^.*d\.txt: cannot read \(Permission denied\)$"):
+        xc.read_xc(path)
+    monkeypatch.setattr(xc, "_parse_file", denied)
+    with pytest.raises(DataError, match="cannot read"):
+        xc.read_xc(path, share=(0, 2))
+    with pytest.raises(DataError, match="a folder, not a file of points"):
+        xc.read_xc(tmp_path)
+
+
 def test_unwritable_folder_skips_the_cache(tmp_path, monkeypatch):
     path = _write(tmp_path, HAND)
 

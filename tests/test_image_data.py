@@ -93,6 +93,8 @@ def test_mnist_csv_rows_are_split_by_seed_and_bad_rows_name_their_line(tmp_path)
     label_first.write_text("\n".join(",".join(map(str, [r[784], *r[:784]])) for r in corner_zero[:25]) + "\n")
     with pytest.raises(DataError, match=r"label_first.csv: every row's label \(its last value\) is 0: is the label first"):
         mnist.read_csv(label_first)
+    with pytest.raises(DataError, match=r"digits.csv.gz is a file: data.source=csv reads a CSV file"):
+        mnist.load("auto", str(path), seed=0)  # the CSV given without data.source=csv
 
 
 def test_idx_files_are_gunzipped_by_content_and_broken_gzip_is_one_line(tmp_path):

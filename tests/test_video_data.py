@@ -276,6 +276,19 @@ def test_bad_video_files_name_the_file(tmp_path):
     with pytest.raises(DataError, match=r"short.mp4: 12 frames: too short for one clip of data.nt=4 frames in "
                                         r"its val part \(1 frames"):
         video.load_splits("auto", str(short), nt=4, image_size=(8, 12), channels=3, val_fraction=0.1)
+    import imageio_ffmpeg
+
+    writer = imageio_ffmpeg.write_frames(str(tmp_path / "whole.avi"), (32, 24), fps=10, codec="mjpeg",
+                                         pix_fmt_out="yuvj420p", ffmpeg_log_level="error")
+    writer.send(None)
+    for frame in numbered_frames(40, size=(24, 32)):
+        writer.send(frame.tobytes())
+    writer.close()
+    whole = (tmp_path / "whole.avi").read_bytes()
+    assert len(video.read_video_file(tmp_path / "whole.avi").frames) == 40
+    (tmp_path / "cut.avi").write_bytes(whole[: len(whole) // 2])  # a download cut short: ffmpeg reads half
+    with pytest.raises(DataError, match=r"cut.avi: cut short or damaged: \d+ frames decoded of the \d+ its header"):
+        video.read_video_file(tmp_path / "cut.avi")
     with pytest.raises(DataError, match="data.frame_step=0 must be at least 1"):
         video.read_video_file(short, frame_step=0)
     with pytest.raises(DataError, match="data.source=video needs data.dir to be a video file"):

@@ -243,6 +243,9 @@ def load(source: str, data_dir: str, seed: int) -> ImageSplits:
         raise DataError(f"data.source={source!r} is not one of auto, idx, tfds, csv, synthetic")
     if not data_dir:
         return synthetic(seed)
+    if Path(data_dir).is_file():
+        raise DataError(f"data.dir={data_dir} is a file: data.source=csv reads a CSV file; auto looks in a folder "
+                        "for IDX files or a prepared TFDS mnist/")
     splits = load_idx(Path(data_dir))
     if splits is not None:
         return splits

@@ -259,7 +259,8 @@ def read_video_file(path: str | Path, channels: int = 3, image_size: tuple[int, 
     Decoded by ffmpeg (imageio-ffmpeg) to RGB, or to grey for channels 1 (ffmpeg's own conversion: the
     video's luma), `chunk_frames` at a time, each chunk fitted to `image_size` (`fit_frames`: scale, centre
     crop) before the next is read, so memory holds the small frames plus one chunk at full size. DataError
-    naming the file when ffmpeg cannot read it or it has no frames.
+    naming the file when ffmpeg cannot read it, it has no frames, or it decodes to clearly fewer frames than
+    its header's duration and rate give (a file cut short: ffmpeg decodes what is there and says nothing).
     """
     path = Path(path)
     if channels not in (1, 3):
@@ -277,7 +278,9 @@ def read_video_file(path: str | Path, channels: int = 3, image_size: tuple[int, 
                 warnings.filterwarnings("ignore", message="os.fork", category=RuntimeWarning)
                 meta = next(reader)  # starts ffmpeg
             width, height = meta["size"]
+            decoded = 0
             for index, raw in enumerate(reader):
+                decoded = index + 1
                 if index % frame_step:
                     continue
                 pending.append(np.frombuffer(raw, np.uint8).reshape(height, width, channels))
@@ -292,6 +295,10 @@ def read_video_file(path: str | Path, channels: int = 3, image_size: tuple[int, 
         chunks.append(_fit_chunk(np.stack(pending), image_size, resize))
     if not chunks:
         raise DataError(f"{path}: a video with no frames")
+    expected = round(float(meta.get("duration") or 0) * float(meta.get("fps") or 0))  # 0 when not given
+    if decoded < 0.9 * expected - 1:  # a margin for containers whose duration is a rounded estimate
+        raise DataError(f"{path}: cut short or damaged: {decoded} frames decoded of the {expected} its header "
+                        f"gives ({meta['duration']} s at {meta['fps']} frames/s)")
     frames = np.concatenate(chunks)
     every = f", 1 frame in {frame_step}" if frame_step > 1 else ""
     return VideoFrames(frames, np.full(len(frames), path.name), source=f"{path}{every}")

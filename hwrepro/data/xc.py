@@ -451,21 +451,28 @@ def read_xc(path: str | os.PathLike, use_cache: bool = True, share: tuple[int, i
     `index` of a run over `count` processes holds its part of the file, not the whole of it.
     """
     path = os.fspath(path)
+    if os.path.isdir(path):
+        raise DataError(f"{path}: a folder, not a file of points")
     try:
         st = os.stat(path)
+        if share is not None:
+            return _parse_file(path, share=share)
+        if not use_cache:
+            return _parse_file(path)
+        stamp = _cache_stamp(path, st)
+        cached = _load_cache(path, stamp)
+        if cached is not None:
+            return cached
+        data = _parse_file(path)
+        if _same_file(st, os.stat(path)):  # not replaced while it was read: the stamp is of what was parsed
+            _save_cache(path, stamp, data)
+        return data
     except OSError as e:
         raise DataError(f"{path}: cannot read ({e.strerror})") from None
-    if share is not None:
-        return _parse_file(path, share=share)
-    if not use_cache:
-        return _parse_file(path)
-    stamp = _cache_stamp(path, st)
-    cached = _load_cache(path, stamp)
-    if cached is not None:
-        return cached
-    data = _parse_file(path)
-    _save_cache(path, stamp, data)
-    return data
+
+
+def _same_file(a: os.stat_result, b: os.stat_result) -> bool:
+    return (a.st_ino, a.st_size, a.st_mtime_ns) == (b.st_ino, b.st_size, b.st_mtime_ns)
 
 
 def read_points(path: str | os.PathLike, num_features: int, num_labels: int) -> XCData:
