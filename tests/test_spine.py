@@ -192,10 +192,12 @@ def test_param_sha256_sees_every_bit_dtype_and_name():
 def test_prepare_moves_an_unfinished_run_aside(tmp_path):
     (tmp_path / "run.json").write_text(json.dumps({"status": "failed: x"}))
     (tmp_path / "metrics.jsonl").write_text("{}\n")
+    (tmp_path / "predictions.png").write_bytes(b"PredNet's strip")
     prepared = Run.prepare(tmp_path, {"seed": 0})
     assert not prepared.resumes and prepared.aside.name.startswith("previous-")  # no checkpoint: a fresh start
     aside = [p for p in tmp_path.iterdir() if p.name.startswith("previous-")]
     assert len(aside) == 1 and (aside[0] / "run.json").exists() and not (tmp_path / "run.json").exists()
+    assert (aside[0] / "predictions.png").exists() and not (tmp_path / "predictions.png").exists()
     (tmp_path / "run.json").write_text(json.dumps({"status": "running"}))  # its process was killed
     (tmp_path / "metrics.jsonl").write_text('{"step": 2}\n')
     Run.prepare(tmp_path, {"seed": 0})  # most likely within the same second: a folder of its own all the same

@@ -461,17 +461,32 @@ def test_a_data_dir_that_holds_no_usable_data_set_is_an_error(tmp_path, layout, 
         runner.run_here(tiny_slide(dir=str(folder)), tmp_path / "w", quiet=True)
 
 
-def test_a_data_error_on_a_rerun_puts_the_unfinished_run_back(tmp_path):
-    """A rerun with a typo in data.dir moves the unfinished run aside, fails on the data, and puts it back:
-    the original command still resumes it."""
+@pytest.mark.parametrize("stop", ["data.dir typo", "tensorboard without tensorboardX", "Ctrl-C while loading"])
+def test_a_rerun_that_ends_before_its_first_step_puts_the_unfinished_run_back(tmp_path, monkeypatch, stop):
+    """A rerun of another config moves the unfinished run aside; refused (a typo in data.dir, log.tensorboard
+    without tensorboardX) or stopped before its first step, it puts it back: the original command still
+    resumes it."""
     workdir = tmp_path / "w"
     (workdir / "checkpoints" / "40").mkdir(parents=True)
     (workdir / "config.json").write_text('{"seed": 0}')
     (workdir / "run.json").write_text('{"status": "interrupted: SIGTERM at step 40"}')
     (workdir / "metrics.jsonl").write_text('{"step": 40}\n')
     before = {p.relative_to(workdir): p.read_bytes() if p.is_file() else None for p in workdir.rglob("*")}
-    with pytest.raises(DataError, match="no such folder"):
-        runner.run_here(tiny_slide(dir=str(tmp_path / "typo")), workdir, quiet=True)
+    config = tiny_slide(dir=str(tmp_path / "typo")) if stop == "data.dir typo" else tiny_slide()
+    error, message = DataError, "no such folder"
+    if stop == "tensorboard without tensorboardX":
+        config.log.tensorboard = True
+        monkeypatch.setitem(sys.modules, "tensorboardX", None)
+        error, message = ConfigError, "tensorboardX"
+    elif stop == "Ctrl-C while loading":
+        from hwrepro import data
+
+        def interrupted(*args, **kwargs):
+            raise interrupts.Interrupted("SIGINT")
+        monkeypatch.setattr(data, "load", interrupted)
+        error, message = interrupts.Interrupted, "SIGINT"
+    with pytest.raises(error, match=message):
+        runner.run_here(config, workdir, quiet=True)
     after = {p.relative_to(workdir): p.read_bytes() if p.is_file() else None for p in workdir.rglob("*")
              if p.name not in (".lock", "report.html")}
     assert after == before

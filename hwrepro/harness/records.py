@@ -53,7 +53,7 @@ _CPU_FLAGS_OF_INTEREST = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw",
 CONFIG_FILE = "config.json"
 SWEEP_FILE = "sweep.json"  # a sweep's folder (hwrepro.study.sweep), whose points are run folders below it
 RECORD_FILES = ("config.json", "run.json", "metrics.jsonl", "final.json", "log.txt", "trajectory.npz", "traceback.txt",
-                "report.html")
+                "report.html", "predictions.png")  # predictions.png: PredNet's strip of next-frame predictions
 CHECKPOINT_DIR = "checkpoints"
 MODEL_DIR = "model"  # the finished run's model (hwrepro.harness.trained)
 LOCK_FILE = ".lock"

@@ -106,7 +106,12 @@ def _run_locked(config: ml_collections.ConfigDict, workdir: Path, quiet: bool) -
     numerics.apply_after_jax(config.numerics)
     module = experiment(config)  # its own checks, before the workdir is touched
     prepared = Run.prepare(workdir, config)
-    rec = Run.start(workdir, config, {"before_jax": before_jax, **numerics.applied()}, quiet=quiet)
+    try:
+        rec = Run.start(workdir, config, {"before_jax": before_jax, **numerics.applied()}, quiet=quiet)
+    except ConfigError:  # log.tensorboard without tensorboardX: nothing was written, the earlier run comes back
+        if prepared.aside:
+            Run.put_back(workdir, prepared.aside)
+        raise
     rec.print(f"hwrepro: {config.experiment} '{config.name}' -> {workdir}")
     if prepared.aside:  # a resume needs the same config and a checkpoint: say where the earlier run went
         rec.print(f"the unfinished run there is not one this config resumes (another config, or no checkpoint): "
@@ -118,11 +123,9 @@ def _run_locked(config: ml_collections.ConfigDict, workdir: Path, quiet: bool) -
 
             final_metrics["model_bytes"] = trained.save(workdir, config.experiment, params)
         final = rec.finish(final_metrics, params)
-    except interrupts.Interrupted as e:
-        rec.end(e.status)
-        raise
-    except KeyboardInterrupt:
-        rec.end("interrupted: KeyboardInterrupt")
+    except (interrupts.Interrupted, KeyboardInterrupt) as e:
+        if not _undo_first_attempt(rec, prepared, workdir, quiet):  # stopped before a first step: as refused
+            rec.end(e.status if isinstance(e, interrupts.Interrupted) else "interrupted: KeyboardInterrupt")
         raise
     except (ConfigError, DataError) as e:
         if prepared.resumes or (workdir / "metrics.jsonl").stat().st_size:
@@ -130,11 +133,7 @@ def _run_locked(config: ml_collections.ConfigDict, workdir: Path, quiet: bool) -
         elif isinstance(e, ConfigError) or prepared.aside:
             # Refused before a first step (e.g. train.init_from's shapes, a data.dir typo on a rerun): no record
             # of it is left, and the run it moved aside comes back, still resumable.
-            rec.discard()
-            if prepared.aside:
-                Run.put_back(workdir, prepared.aside)
-                if not quiet:
-                    print(f"the unfinished run moved to {prepared.aside} is back in {workdir}", flush=True)
+            _undo_first_attempt(rec, prepared, workdir, quiet, always=True)
         else:  # bad data in a folder that held no earlier run: the failed attempt is recorded
             rec.fail(str(e))
         raise
@@ -149,6 +148,22 @@ def _run_locked(config: ml_collections.ConfigDict, workdir: Path, quiet: bool) -
         write_run_report(workdir, quiet)
     shutil.rmtree(workdir / CHECKPOINT_DIR, ignore_errors=True)  # only for resuming; a finished run never is
     return final
+
+
+def _undo_first_attempt(rec: Any, prepared: Any, workdir: Path, quiet: bool, always: bool = False) -> bool:
+    """For a new run that ends before logging a first step: removes its record and puts back the unfinished
+    run `Run.prepare` moved aside (another config's), still resumable by its own command. Done `always`, or
+    when there was such a run; returns whether it was done."""
+    from hwrepro.harness.records import Run
+
+    if not (always or (prepared.aside and not prepared.resumes and not (workdir / "metrics.jsonl").stat().st_size)):
+        return False
+    rec.discard()
+    if prepared.aside:
+        Run.put_back(workdir, prepared.aside)
+        if not quiet:
+            print(f"the unfinished run moved to {prepared.aside} is back in {workdir}", flush=True)
+    return True
 
 
 def write_run_report(workdir: Path, quiet: bool) -> None:
