@@ -492,6 +492,29 @@ def test_a_rerun_that_ends_before_its_first_step_puts_the_unfinished_run_back(tm
     assert after == before
 
 
+def test_a_resume_on_other_data_is_refused_and_on_its_own_goes_on(tmp_path, monkeypatch):
+    """An interrupted run over XC files whose files are then replaced (another draw, the same shapes): the same
+    command is refused in one line naming what changed, and resumes once the files are back."""
+    folder, workdir = tmp_path / "xc", tmp_path / "w"
+    write_xc_pair(folder)
+    calls = iter(range(10**6))
+    monkeypatch.setattr(interrupts, "pending", lambda: "SIGTERM" if next(calls) == 2 else None)  # after step 3
+    with pytest.raises(interrupts.Interrupted):
+        runner.run_here(tiny_slide(dir=str(folder)), workdir, quiet=True)
+    monkeypatch.undo()
+    original = {name: (folder / name).read_bytes() for name in ("train.txt", "test.txt")}
+    train, test = xc.synthetic("tiny", num_train=200, num_test=50, seed=1)
+    xc.write_xc(folder / "train.txt", train)
+    xc.write_xc(folder / "test.txt", test)
+    with pytest.raises(DataError, match=r"^the data differ from those this run was started on \(data_details "):
+        runner.run_here(tiny_slide(dir=str(folder)), workdir, quiet=True)
+    for name, content in original.items():
+        (folder / name).write_bytes(content)
+    final = runner.run_here(tiny_slide(dir=str(folder)), workdir, quiet=True)
+    run = json.loads((workdir / "run.json").read_text())
+    assert run["status"] == "done" and run["resumes"] == 2 and run["resumed_from_step"] == 3 and final["steps"] == 5
+
+
 def test_an_edit_that_keeps_size_and_time_invalidates_the_cache(tmp_path):
     write_xc_pair(tmp_path)
     path = tmp_path / "train.txt"

@@ -41,7 +41,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from hwrepro.errors import HwreproError, ModelError, RunFailed
+from hwrepro.errors import DataError, HwreproError, ModelError, RunFailed
 from hwrepro.harness import parallel
 from hwrepro.harness.events import EVENTS_DIR, EventLog
 
@@ -180,6 +180,12 @@ def read_run_file(path: Path, *keys: str) -> Any:
     if missing:
         raise ModelError(f"{path} has no {missing[0]!r}: the run folder is damaged")
     return content
+
+
+def _stable(data: dict[str, Any]) -> dict[str, Any]:
+    """run.json's data record without what varies between identical loads (seconds), as JSON reads it back."""
+    details = {k: v for k, v in (data.get("data_details") or {}).items() if k != "load_seconds"}
+    return {"data_source": data.get("data_source"), "data_details": json.loads(dumps(details)) or None}
 
 
 def read_json_or_none(path: Path) -> Any:
@@ -364,6 +370,7 @@ class Run:
         self._metrics = os.open(self.workdir / "metrics.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         self._log = open(self.workdir / "log.txt", "a", buffering=1)
         self.events: EventLog | None = None  # TensorBoard events, opened by `start` with log.tensorboard
+        self.resumed_data: dict[str, Any] | None = None  # what the attempt resumed recorded of its data (`start`)
 
     @staticmethod
     def prepare(workdir: Path, config: Any) -> "Prepared":
@@ -411,10 +418,9 @@ class Run:
         # opened before any record is written: without tensorboardX this is a config error, and no run
         events = EventLog(workdir) if (config_data.get("log") or {}).get("tensorboard") else None
         write_config(workdir, config)
-        try:
-            resumes = read_json(workdir / "run.json").get("resumes", -1) + 1
-        except (OSError, ValueError, AttributeError):
-            resumes = 0
+        previous = read_json_or_none(workdir / "run.json")  # the attempt this one resumes (`prepare` kept it)
+        previous = previous if isinstance(previous, dict) else {}
+        resumes = previous.get("resumes", -1) + 1
         info = {
             "status": "running",
             "experiment": config_data.get("experiment"),
@@ -436,6 +442,8 @@ class Run:
         }
         run = cls(workdir, info, quiet)
         run.events = events
+        if previous.get("data_source") is not None:
+            run.resumed_data = {k: previous.get(k) for k in ("data_source", "data_details")}
         run._write_info()
         return run
 
@@ -455,7 +463,18 @@ class Run:
             pass
 
     def note_data(self, source: str, **details: Any) -> None:
-        """Records where the data came from (a path, or 'synthetic ...': always said plainly)."""
+        """Records where the data came from (a path, or 'synthetic ...': always said plainly) and what the loader
+        counted of it. A resumed run whose data are not those its earlier attempts recorded (another source, or
+        other counts: points, truncation, per-point means) is refused with a DataError naming what changed: it
+        would train on a mix of two data sets. (The counts are not a content hash: an edit that keeps every
+        one of them goes unseen.)"""
+        if self.resumed_data is not None:
+            now = {"data_source": source, "data_details": details or None}
+            changed = [f"{key} {was!r} -> {now[key]!r}" for key, was in _stable(self.resumed_data).items()
+                       if _stable(now)[key] != was]
+            if changed:
+                raise DataError(f"the data differ from those this run was started on ({'; '.join(changed)[:300]}): "
+                                f"resume it with its own data, or start afresh in another --workdir")
         self.info["data_source"] = source
         if details:
             self.info["data_details"] = details
