@@ -492,6 +492,7 @@ def test_a_rerun_that_ends_before_its_first_step_puts_the_unfinished_run_back(tm
     assert after == before
 
 
+@pytest.mark.slow
 def test_a_resume_on_other_data_is_refused_and_on_its_own_goes_on(tmp_path, monkeypatch):
     """An interrupted run over XC files whose files are then replaced (another draw, the same shapes): the same
     command is refused in one line naming what changed, and resumes once the files are back."""

@@ -124,7 +124,9 @@ def _run_locked(config: ml_collections.ConfigDict, workdir: Path, quiet: bool) -
             final_metrics["model_bytes"] = trained.save(workdir, config.experiment, params)
         final = rec.finish(final_metrics, params)
     except (interrupts.Interrupted, KeyboardInterrupt) as e:
-        if not _undo_first_attempt(rec, prepared, workdir, quiet):  # stopped before a first step: as refused
+        if prepared.aside and not (workdir / "metrics.jsonl").stat().st_size:  # before a first step: as if refused
+            _undo_first_attempt(rec, prepared, workdir, quiet)
+        else:
             rec.end(e.status if isinstance(e, interrupts.Interrupted) else "interrupted: KeyboardInterrupt")
         raise
     except (ConfigError, DataError) as e:
@@ -133,7 +135,7 @@ def _run_locked(config: ml_collections.ConfigDict, workdir: Path, quiet: bool) -
         elif isinstance(e, ConfigError) or prepared.aside:
             # Refused before a first step (e.g. train.init_from's shapes, a data.dir typo on a rerun): no record
             # of it is left, and the run it moved aside comes back, still resumable.
-            _undo_first_attempt(rec, prepared, workdir, quiet, always=True)
+            _undo_first_attempt(rec, prepared, workdir, quiet)
         else:  # bad data in a folder that held no earlier run: the failed attempt is recorded
             rec.fail(str(e))
         raise
@@ -150,20 +152,16 @@ def _run_locked(config: ml_collections.ConfigDict, workdir: Path, quiet: bool) -
     return final
 
 
-def _undo_first_attempt(rec: Any, prepared: Any, workdir: Path, quiet: bool, always: bool = False) -> bool:
+def _undo_first_attempt(rec: Any, prepared: Any, workdir: Path, quiet: bool) -> None:
     """For a new run that ends before logging a first step: removes its record and puts back the unfinished
-    run `Run.prepare` moved aside (another config's), still resumable by its own command. Done `always`, or
-    when there was such a run; returns whether it was done."""
+    run `Run.prepare` moved aside (another config's), if any, still resumable by its own command."""
     from hwrepro.harness.records import Run
 
-    if not (always or (prepared.aside and not prepared.resumes and not (workdir / "metrics.jsonl").stat().st_size)):
-        return False
     rec.discard()
     if prepared.aside:
         Run.put_back(workdir, prepared.aside)
         if not quiet:
             print(f"the unfinished run moved to {prepared.aside} is back in {workdir}", flush=True)
-    return True
 
 
 def write_run_report(workdir: Path, quiet: bool) -> None:

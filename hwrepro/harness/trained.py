@@ -14,9 +14,10 @@ rebuilds from the parameters and the config's seed. What `predict` does is the e
 `make_predict(config, params, **options)` (hwrepro.experiments): found by name, like the experiment.
 
 The folder is written beside the run's records under a temporary name and renamed into place whole, so a run
-killed while saving leaves no half model (the temporary folder goes with the error, or with the next save). `load` refuses, in one line (ModelError), a workdir that is not a
-finished run, keeps no model (train.keep_model=False), or whose model files are damaged or were written by an
-incompatible hwrepro: the loaded parameters must hash to final.json's param_sha256.
+killed while saving leaves no half model (the temporary folder goes with the error, or with the next save).
+`load` refuses, in one line (ModelError), a workdir that is not a finished run, keeps no model
+(train.keep_model=False), or whose model files are damaged or were written by an incompatible hwrepro: the
+loaded parameters must hash to final.json's param_sha256.
 """
 
 from __future__ import annotations
