@@ -61,6 +61,12 @@ def launch(*args: str, cwd: Path | None = None, timeout: float = 300) -> subproc
                           cwd=cwd or REPO, env=_launch_env(), timeout=timeout)
 
 
+def running(pattern: str) -> bool:
+    """Whether a live process's command line matches `pattern` (`pgrep -f`): e.g. a run's child process,
+    "hwrepro.harness.process WORKDIR", after its launcher was stopped."""
+    return subprocess.run(["pgrep", "-f", "--", pattern], capture_output=True).returncode == 0
+
+
 def launch_process(*args: str) -> subprocess.Popen:
     """`python launch.py ARGS` started and left running (text pipes), for tests that act on it meanwhile."""
     return subprocess.Popen([sys.executable, str(REPO / "launch.py"), *args], stdout=subprocess.PIPE,

@@ -465,7 +465,9 @@ def test_a_refused_two_process_run_leaves_the_earlier_record_as_it_was(tmp_path,
 
 def _running(folder: Path) -> bool:
     """Whether a run's process (hwrepro.harness.process FOLDER...) is alive."""
-    return subprocess.run(["pgrep", "-f", f"hwrepro.harness.process {folder}"], capture_output=True).returncode == 0
+    from conftest import running
+
+    return running(f"hwrepro.harness.process {folder}")
 
 
 def _wait_for_a_step_of_process_1(proc: subprocess.Popen, workdir: Path) -> None:

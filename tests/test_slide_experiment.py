@@ -330,18 +330,11 @@ def test_predict_from_the_command_line_scores_as_the_run_evaluated(lsh_run, tmp_
     np.testing.assert_array_equal(trained.load(workdir).predict(batch, lsh=True)[1], ids)
 
 
-def _processes_writing(path):
-    """Pids of the live processes whose command line names `path`."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        try:
-            if proc.name.isdigit() and str(path).encode() in (proc / "cmdline").read_bytes():
-                pids.append(int(proc.name))
-        except OSError:
-            pass
-    return pids
+def _running(folder: Path) -> bool:
+    """Whether a run's process (hwrepro.harness.process FOLDER...) is alive."""
+    from conftest import running
 
-
+    return running(f"hwrepro.harness.process {folder}")
 @pytest.mark.slow
 def test_predict_command_on_another_platform_with_damaged_records_and_when_stopped(lsh_run, tmp_path, run_launch):
     """The command's own process: a model trained for a GPU scores on this CPU with --platform=cpu (without it,
@@ -351,7 +344,7 @@ def test_predict_command_on_another_platform_with_damaged_records_and_when_stopp
     import signal
     import time
 
-    from conftest import launch_process
+    from conftest import launch_process, running
 
     workdir, final = lsh_run
     path, test = _final_eval_file(tmp_path, tiny_config())
@@ -388,7 +381,7 @@ def test_predict_command_on_another_platform_with_damaged_records_and_when_stopp
     assert proc.returncode == 1 and "error: interrupted by SIGTERM" in err, err[-2000:]
     assert not stopped.exists() and not list(tmp_path.glob("stopped.txt*"))
     time.sleep(0.5)
-    assert _processes_writing(stopped) == []
+    assert not running(f"--output={stopped}")  # neither the command nor the process it restarted itself in
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import launch, launch_process as start
+from conftest import launch, launch_process as start, running
 from hwrepro.data import xc
 from hwrepro.errors import ConfigError, DataError, RunFailed
 from hwrepro.harness import interrupts, records, runner
@@ -41,7 +41,7 @@ def checkpoint_steps(workdir: Path) -> list[int]:
 
 
 def child_alive(workdir: Path) -> bool:
-    return subprocess.run(["pgrep", "-f", f"hwrepro.harness.process {workdir}"], capture_output=True).returncode == 0
+    return running(f"hwrepro.harness.process {workdir}")
 
 
 def sha(workdir: Path) -> str:

@@ -469,9 +469,8 @@ class Run:
         would train on a mix of two data sets. (The counts are not a content hash: an edit that keeps every
         one of them goes unseen.)"""
         if self.resumed_data is not None:
-            now = {"data_source": source, "data_details": details or None}
-            changed = [f"{key} {was!r} -> {now[key]!r}" for key, was in _stable(self.resumed_data).items()
-                       if _stable(now)[key] != was]
+            was, now = _stable(self.resumed_data), _stable({"data_source": source, "data_details": details})
+            changed = [f"{key} {was[key]!r} -> {now[key]!r}" for key in was if now[key] != was[key]]
             if changed:
                 raise DataError(f"the data differ from those this run was started on ({'; '.join(changed)[:300]}): "
                                 f"resume it with its own data, or start afresh in another --workdir")
